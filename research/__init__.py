@@ -1,0 +1,1 @@
+"""A JAX/Flax research codebase for attention mechanisms and recurrent networks."""
