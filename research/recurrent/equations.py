@@ -21,7 +21,8 @@ products of saved activations (no transcendental is recomputed except LSTM's tan
 which is what makes the fused loop's backward pass cheap.
 """
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -39,15 +39,22 @@ def from_torch(module) -> tuple[RecurrentLayer, dict[str, Any]]:
   else:
     raise TypeError(f"from_torch takes a torch.nn.RNN, LSTM or GRU, got {type(module).__name__}")
 
-  params = {}
-  for k in range(module.num_layers):
-    for suffix in ("", "_reverse")[:layer.num_directions]:
-      get = lambda name: getattr(module, f"{name}_l{k}{suffix}", None)
-      gates_hidden = get("weight_ih").shape[0]
-      bias = lambda name: _array(get(name)) if module.bias else jnp.zeros(gates_hidden, jnp.float32)
-      cell = {"kernel_ih": _array(get("weight_ih")).T, "kernel_hh": _array(get("weight_hh")).T,
-              "bias_ih": bias("bias_ih"), "bias_hh": bias("bias_hh")}
-      if get("weight_hr") is not None:
-        cell["kernel_hr"] = _array(get("weight_hr")).T
-      params[f"l{k}{suffix}"] = cell
+  params = {f"l{k}{suffix}": _cell_params(module, f"l{k}{suffix}")
+            for k in range(module.num_layers)
+            for suffix in ("", "_reverse")[:layer.num_directions]}
   return layer, {"params": params}
+
+
+def _cell_params(module, name: str) -> dict[str, jnp.ndarray]:
+  """One layer-direction's weights, e.g. name "l1_reverse" for weight_ih_l1_reverse."""
+  w_ih = _array(getattr(module, f"weight_ih_{name}"))
+  zeros = jnp.zeros(w_ih.shape[0], jnp.float32)
+  params = {
+      "kernel_ih": w_ih.T,
+      "kernel_hh": _array(getattr(module, f"weight_hh_{name}")).T,
+      "bias_ih": _array(getattr(module, f"bias_ih_{name}")) if module.bias else zeros,
+      "bias_hh": _array(getattr(module, f"bias_hh_{name}")) if module.bias else zeros,
+  }
+  if getattr(module, "proj_size", 0):
+    params["kernel_hr"] = _array(getattr(module, f"weight_hr_{name}")).T
+  return params

@@ -1,0 +1,74 @@
+"""Dense attention: materialise the [q_len, kv_len] weights (returned for heatmaps).
+
+  logits = q kᵀ · scale + bias,   weights = softmax over the visible keys,   out = weights v
+
+Grouped heads: q has H heads, k and v have H_kv heads with H = H_kv · G; query head
+h_kv · G + g reads key/value head h_kv (the layout of `jax.nn.dot_product_attention`).
+The softmax runs in float32 whatever the input dtype, and a query with no visible key
+gets all-zero weights (not NaN, in the forward pass or the gradient).
+"""
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def masked_softmax(logits: Array, visible: Array | None) -> Array:
+  """Softmax over the last axis restricted to `visible`; rows with nothing visible -> 0.
+
+  logits: float32 [..., kv_len]; visible: bool broadcastable to logits, or None.
+  """
+  if visible is None:
+    return jax.nn.softmax(logits, axis=-1)
+  row_max = jnp.max(jnp.where(visible, logits, -jnp.inf), axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  # exp(-inf) = 0 with a zero gradient: masked entries never see a NaN or an inf.
+  unnormalised = jnp.exp(jnp.where(visible, logits - row_max, -jnp.inf))
+  total = jnp.sum(unnormalised, axis=-1, keepdims=True)
+  return unnormalised / jnp.where(total > 0, total, 1.0)
+
+
+def split_heads(q: Array, num_kv_heads: int) -> Array:
+  """[b, t, H, d] -> [b, t, H_kv, G, d] for grouped-query attention."""
+  b, t, h, d = q.shape
+  return q.reshape(b, t, num_kv_heads, h // num_kv_heads, d)
+
+
+def group_broadcast(x: Array | None, num_kv_heads: int) -> Array | None:
+  """A mask or bias [b|1, H|1, ...] -> [b|1, H_kv|1, G|1, ...] matching split heads."""
+  if x is None:
+    return None
+  if x.shape[1] == 1:
+    return x[:, :, None]
+  return x.reshape(x.shape[:1] + (num_kv_heads, x.shape[1] // num_kv_heads) + x.shape[2:])
+
+
+def attention_logits(q: Array, k: Array, scale: float) -> Array:
+  """q [b, q, H_kv, G, d], k [b, k, H_kv, d] -> float32 logits [b, H_kv, G, q, k]."""
+  return jnp.einsum("bqhgd,bkhd->bhgqk", q, k, preferred_element_type=jnp.float32) * scale
+
+
+def dense_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array | None,
+                    visible: Array | None) -> tuple[Array, Array]:
+  """Attention with explicit weights.
+
+  Args:
+    q: [batch, q_len, H, d]; k, v: [batch, kv_len, H_kv, d] (H_kv divides H).
+    scale: multiplies q kᵀ.
+    bias: [batch|1, H|1, q_len, kv_len] added to the logits, or None.
+    visible: bool [batch|1, H|1, q_len, kv_len], or None (all visible).
+
+  Returns:
+    out [batch, q_len, H, d_v] in q's dtype, weights float32 [batch, H, q_len, kv_len].
+  """
+  num_kv_heads = k.shape[2]
+  qg = split_heads(q, num_kv_heads)
+  logits = attention_logits(qg, k, scale)
+  if bias is not None:
+    logits = logits + group_broadcast(bias, num_kv_heads).astype(jnp.float32)
+  weights = masked_softmax(logits, group_broadcast(visible, num_kv_heads))
+  out = jnp.einsum("bhgqk,bkhd->bqhgd", weights.astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)
+  b, q_len, h, _ = q.shape
+  return out.reshape(b, q_len, h, v.shape[-1]).astype(q.dtype), weights.reshape(b, h, q_len, -1)

@@ -1,0 +1,116 @@
+"""`dot_product_attention`: one entry point, three exact compute strategies.
+
+Same layout and semantics as `jax.nn.dot_product_attention` (q [batch, q_len, H, d],
+k / v [batch, kv_len, H_kv, d], H_kv dividing H; mask and bias broadcastable to
+[batch, H, q_len, kv_len]; `local_window_size=(l, r)` is our `window=(l, r)`), plus:
+
+  implementation="dense"    materialises the weights; `return_weights=True` returns them
+  implementation="chunked"  O(n) memory, skips key blocks a causal / windowed query
+                            block cannot see
+  implementation="banded"   sliding window in O(n·w) (needs `window`)
+
+and a query with no visible key returns zeros instead of an average of all values.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from research.attention.banded import banded_attention
+from research.attention.chunked import chunked_attention
+from research.attention.dense import dense_attention
+from research.attention.masks import Visibility
+
+Array = jax.Array
+IMPLEMENTATIONS = ("dense", "chunked", "banded")
+
+
+def _as_4d(x, name: str, full_shape: tuple[int, int, int, int]) -> Array | None:
+  """Left-pads a mask / bias to 4 axes and checks it broadcasts to [b, H, q, k]."""
+  if x is None:
+    return None
+  x = jnp.asarray(x)
+  if x.ndim > 4:
+    raise ValueError(f"{name} must have at most 4 axes [batch, heads, q_len, kv_len], got {x.shape}")
+  x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+  if any(s not in (1, f) for s, f in zip(x.shape, full_shape)):
+    raise ValueError(f"{name} of shape {x.shape} does not broadcast to [batch, heads, q_len, "
+                     f"kv_len] = {list(full_shape)}")
+  return x
+
+
+def _check_shapes(q, k, v):
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError("q, k, v must be [batch, length, heads, head_dim]; got shapes "
+                     f"{q.shape}, {k.shape}, {v.shape}")
+  if not (q.shape[0] == k.shape[0] == v.shape[0]):
+    raise ValueError(f"batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+  if k.shape[1:3] != v.shape[1:3]:
+    raise ValueError(f"k and v must share [kv_len, heads]; got {k.shape} and {v.shape}")
+  if q.shape[-1] != k.shape[-1]:
+    raise ValueError(f"q and k head_dim differ: {q.shape[-1]} vs {k.shape[-1]}")
+  if q.shape[2] % k.shape[2]:
+    raise ValueError(f"key/value heads ({k.shape[2]}) must divide query heads ({q.shape[2]})")
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = None,
+                          bias: Array | None = None, is_causal: bool = False, window=None,
+                          implementation: str = "dense", return_weights: bool = False,
+                          scale: float | None = None,
+                          key_value_seq_lengths: Array | None = None,
+                          block_size: int | None = None):
+  """softmax(q kᵀ · scale + bias, over visible keys) v.
+
+  Args:
+    q: [batch, q_len, H, d]; k: [batch, kv_len, H_kv, d]; v: [batch, kv_len, H_kv, d_v].
+    mask: bool, broadcastable to [batch, H, q_len, kv_len]; True = may attend.
+    bias: added to the logits, broadcastable like mask (e.g. a prior or position bias).
+    is_causal: query i sees keys j ≤ i.
+    window: None, w (keys i−w … i+w) or (left, right); with is_causal right is 0.
+    implementation: "dense", "chunked" or "banded".
+    return_weights: also return the weights [batch, H, q_len, kv_len] (dense only).
+    scale: logit scale, default 1/√d.
+    key_value_seq_lengths: [batch] ints; keys at t ≥ length are padding.
+    block_size: block length of the chunked / banded strategies (default 256 / 128).
+
+  Returns:
+    out [batch, q_len, H, d_v] in q's dtype, or (out, weights) with return_weights.
+  """
+  q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+  _check_shapes(q, k, v)
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+  if return_weights and implementation != "dense":
+    raise ValueError("return_weights=True needs implementation='dense' (the others never "
+                     "materialise the weights)")
+  if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
+    raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+  b, q_len, h, d = q.shape
+  full = (b, h, q_len, k.shape[1])
+  mask, bias = _as_4d(mask, "mask", full), _as_4d(bias, "bias", full)
+  if mask is not None and mask.dtype != jnp.bool_:
+    raise ValueError(f"mask must be boolean, got dtype {mask.dtype}")
+  if key_value_seq_lengths is not None:
+    key_value_seq_lengths = jnp.asarray(key_value_seq_lengths)
+    if key_value_seq_lengths.shape != (b,):
+      raise ValueError(f"key_value_seq_lengths must have shape (batch,) = ({b},), "
+                       f"got {key_value_seq_lengths.shape}")
+  visibility = Visibility.make(is_causal, window, key_value_seq_lengths)
+  scale = 1.0 / math.sqrt(d) if scale is None else scale
+
+  if implementation == "chunked":
+    blocks = {} if block_size is None else dict(q_block=block_size, k_block=block_size)
+    return chunked_attention(q, k, v, scale=scale, bias=bias, mask=mask,
+                             visibility=visibility, **blocks)
+  if implementation == "banded":
+    blocks = {} if block_size is None else dict(block=block_size)
+    return banded_attention(q, k, v, scale=scale, bias=bias, mask=mask,
+                            visibility=visibility, **blocks)
+  visible = None
+  if not visibility.sees_everything:
+    visible = visibility.dense(q_len, k.shape[1])[:, None]
+  if mask is not None:
+    visible = mask if visible is None else visible & mask
+  out, weights = dense_attention(q, k, v, scale=scale, bias=bias, visible=visible)
+  return (out, weights) if return_weights else out

@@ -1,0 +1,113 @@
+"""Which keys each query may see: masks as boolean arrays (True = visible).
+
+The structured patterns (causal, sliding window / band, key padding, global tokens)
+are described by a `Visibility`, which both builds dense masks and answers block
+questions (`key_block_range`) so that the chunked and banded strategies can skip
+key blocks that are invisible to a whole query block.
+
+Positions: query i and key j are aligned at the start of the sequences (i, j ≥ 0),
+as in `jax.nn.dot_product_attention`. A window (left, right) lets query i see keys
+i − left … i + right; causal sets right = 0.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def causal_mask(q_len: int, kv_len: int) -> Array:
+  """[q_len, kv_len]: query i sees keys j ≤ i."""
+  return jnp.arange(q_len)[:, None] >= jnp.arange(kv_len)[None, :]
+
+
+def window_mask(q_len: int, kv_len: int, left: int, right: int) -> Array:
+  """[q_len, kv_len]: query i sees keys i − left ≤ j ≤ i + right."""
+  offset = jnp.arange(kv_len)[None, :] - jnp.arange(q_len)[:, None]
+  return (offset >= -left) & (offset <= right)
+
+
+def padding_mask(lengths: Array, max_len: int) -> Array:
+  """[batch, max_len]: position t is real (t < lengths[b])."""
+  return jnp.arange(max_len)[None, :] < jnp.asarray(lengths)[:, None]
+
+
+def global_tokens_mask(q_len: int, kv_len: int, global_positions) -> Array:
+  """[q_len, kv_len]: Longformer's global attention, symmetric.
+
+  A global token sees every key and is seen by every query.
+  """
+  is_global_q = jnp.zeros(q_len, bool).at[jnp.asarray(global_positions)].set(True, mode="drop")
+  is_global_k = jnp.zeros(kv_len, bool).at[jnp.asarray(global_positions)].set(True, mode="drop")
+  return is_global_q[:, None] | is_global_k[None, :]
+
+
+def normalize_window(window, is_causal: bool) -> tuple[int, int] | None:
+  """None, w or (left, right) -> None or (left, right), with right = 0 when causal.
+
+  Raises ValueError naming the allowed forms for anything else.
+  """
+  if window is None:
+    return None
+  if isinstance(window, int) and not isinstance(window, bool):
+    left, right = window, window
+  elif (isinstance(window, (tuple, list)) and len(window) == 2
+        and all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+    left, right = window
+  else:
+    raise ValueError(f"window must be None, an int w or a pair (left, right) of ints, got {window!r}")
+  if left < 0 or right < 0:
+    raise ValueError(f"window sizes must be >= 0, got {window!r}")
+  return (left, 0 if is_causal else right)
+
+
+class Visibility(NamedTuple):
+  """The structured part of a mask: causal and/or a window, plus key lengths.
+
+  left / right: the window's reach (None: unbounded on that side); causal is folded
+  into right = 0. kv_lengths [batch] masks keys t ≥ length (padding), or None.
+  """
+  left: int | None = None
+  right: int | None = None
+  kv_lengths: Array | None = None
+
+  @classmethod
+  def make(cls, is_causal: bool, window, kv_lengths=None) -> "Visibility":
+    w = normalize_window(window, is_causal)
+    left, right = (None, None) if w is None else w
+    if is_causal:
+      right = 0
+    return cls(left, right, kv_lengths)
+
+  @property
+  def sees_everything(self) -> bool:
+    """True when nothing is masked: no causal, no window, no key lengths."""
+    return self.left is None and self.right is None and self.kv_lengths is None
+
+  def dense(self, q_len: int, kv_len: int, q_start=0, k_start=0) -> Array:
+    """[batch or 1, q_len, kv_len] mask for queries q_start… and keys k_start…."""
+    offset = (k_start + jnp.arange(kv_len))[None, :] - (q_start + jnp.arange(q_len))[:, None]
+    visible = jnp.ones((q_len, kv_len), bool)
+    if self.left is not None:
+      visible &= offset >= -self.left
+    if self.right is not None:
+      visible &= offset <= self.right
+    visible = visible[None]
+    if self.kv_lengths is not None:
+      keys = k_start + jnp.arange(kv_len)
+      visible = visible & (keys[None, None, :] < self.kv_lengths[:, None, None])
+    return visible
+
+  def key_block_range(self, q_start, q_size: int, kv_len: int) -> tuple[Array, Array]:
+    """[first, last) key positions any query in [q_start, q_start + q_size) may see."""
+    first = 0 if self.left is None else jnp.maximum(q_start - self.left, 0)
+    last = kv_len if self.right is None else jnp.minimum(q_start + q_size + self.right, kv_len)
+    return jnp.asarray(first), jnp.asarray(last)
+
+  def query_block_range(self, k_start, k_size: int, q_len: int) -> tuple[Array, Array]:
+    """[first, last) query positions that may see some key in [k_start, k_start + k_size)."""
+    first = 0 if self.right is None else jnp.maximum(k_start - self.right, 0)
+    last = q_len if self.left is None else jnp.minimum(k_start + k_size + self.left, q_len)
+    return jnp.asarray(first), jnp.asarray(last)

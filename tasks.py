@@ -1,0 +1,58 @@
+"""Set up the project's virtual environment if needed, then run one task in it.
+
+    python3 tasks.py main     # the main job (default experiment)
+    python3 tasks.py test     # the test suite (extra arguments go to pytest)
+    python3 tasks.py bench    # the benchmarks under benchmarks/
+
+Needs only Python >= 3.10 and pip. The first call creates `.venv` and installs the
+package (with the `test` extra for `test` and `bench`); later calls reinstall only
+when pyproject.toml changed, so they start at once.
+"""
+
+import hashlib
+import os
+import pathlib
+import subprocess
+import sys
+import venv
+
+ROOT = pathlib.Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+TASKS = {
+    # name: (pip extras, command run inside the environment)
+    "main": ("", ["examples/adding_problem.py"]),
+    "test": ("test", ["-m", "pytest"]),
+    "bench": ("test", ["benchmarks/recurrent.py"]),
+}
+
+
+def ensure_environment(extras: str) -> None:
+  """Creates .venv and installs `.[extras]` unless pyproject.toml is unchanged."""
+  digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+  stamp = VENV / f".installed-{extras or 'base'}"
+  if stamp.exists() and stamp.read_text() == digest and PYTHON.exists():
+    return
+  if not PYTHON.exists():
+    print("Creating .venv ...", flush=True)
+    venv.create(VENV, with_pip=True)
+  target = f".[{extras}]" if extras else "."
+  print(f"Installing {target} into .venv (first run only) ...", flush=True)
+  subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                  "-e", target], cwd=ROOT, check=True)
+  stamp.write_text(digest)
+
+
+def main(argv: list[str]) -> int:
+  if not argv or argv[0] not in TASKS:
+    print(__doc__.strip())
+    print(f"\nunknown or missing task; choose one of: {', '.join(TASKS)}", file=sys.stderr)
+    return 2
+  extras, command = TASKS[argv[0]]
+  ensure_environment(extras)
+  return subprocess.call([str(PYTHON), *command, *argv[1:]], cwd=ROOT)
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
