@@ -1,10 +1,65 @@
-"""Attention: score functions × patterns × compute strategies (see SPEC section 1)."""
+"""Attention: score functions × patterns × compute strategies (SPEC section 1).
 
+Functional core: `dot_product_attention` (dense / chunked / banded), masks.
+Scores: dot, scaled_dot, general, additive, concat, location (`scores.py`).
+Patterns: Luong local-m / local-p (`local.py`), hard attention with REINFORCE and
+Gumbel straight-through (`hard.py`), Linformer and memory-compressed attention
+(`compressed.py`). Modules: `MultiHeadAttention` (with KV cache), `NadarayaWatson`.
+`from_torch(torch.nn.MultiheadAttention)` imports torch weights.
+"""
+
+from research.attention.compressed import (
+                                           LinformerSelfAttention,
+                                           MemoryCompressedAttention,
+                                           linformer_attention,
+)
 from research.attention.functional import IMPLEMENTATIONS, dot_product_attention
-from research.attention.masks import (Visibility, causal_mask, global_tokens_mask, padding_mask,
-                                      window_mask)
+from research.attention.hard import (
+                                           HardAttention,
+                                           baseline_loss,
+                                           choice_log_prob,
+                                           gumbel_softmax,
+                                           hard_attention,
+                                           reinforce_surrogate,
+                                           update_moving_average_baseline,
+)
+from research.attention.kernel_regression import KERNELS, NadarayaWatson, nadaraya_watson
+from research.attention.local import LocalAttention, local_attention_weights
+from research.attention.masks import (
+                                           Visibility,
+                                           causal_mask,
+                                           global_tokens_mask,
+                                           padding_mask,
+                                           window_mask,
+)
+from research.attention.multi_head import MultiHeadAttention
+from research.attention.scores import (
+                                           SCORE_FUNCTIONS,
+                                           AdditiveScore,
+                                           ConcatScore,
+                                           DotScore,
+                                           GeneralScore,
+                                           LocationScore,
+                                           ScaledDotScore,
+                                           Score,
+                                           additive_score,
+                                           attend,
+                                           concat_score,
+                                           dot_score,
+                                           general_score,
+                                           location_score,
+                                           make_score,
+                                           scaled_dot_score,
+)
+from research.attention.torch_import import from_torch
 
 __all__ = [
-    "IMPLEMENTATIONS", "Visibility", "causal_mask", "dot_product_attention",
-    "global_tokens_mask", "padding_mask", "window_mask",
+    "IMPLEMENTATIONS", "KERNELS", "SCORE_FUNCTIONS", "AdditiveScore", "ConcatScore", "DotScore",
+    "GeneralScore", "HardAttention", "LinformerSelfAttention", "LocalAttention", "LocationScore",
+    "MemoryCompressedAttention", "MultiHeadAttention", "NadarayaWatson", "ScaledDotScore", "Score",
+    "Visibility", "additive_score", "attend", "baseline_loss", "causal_mask", "choice_log_prob",
+    "concat_score", "dot_product_attention", "dot_score", "from_torch", "general_score",
+    "global_tokens_mask", "gumbel_softmax", "hard_attention", "linformer_attention",
+    "local_attention_weights", "location_score", "make_score", "nadaraya_watson", "padding_mask",
+    "reinforce_surrogate", "scaled_dot_score", "update_moving_average_baseline", "window_mask",
 ]

@@ -42,14 +42,15 @@ def _band(x: Array | None, num_blocks: int, block: int, n_left: int, n_right: in
   """A [b|1, H|1, q|1, k|1] mask or bias -> [b|1, H|1, nb|1, bq|1, W|1] on the band."""
   if x is None:
     return None
-  if x.shape[-2] != 1:
+  per_query, per_key = x.shape[-2] != 1, x.shape[-1] != 1
+  if per_query:  # [.., q, k] -> [.., nb, bq, k]
     x = jnp.pad(x, [(0, 0)] * 2 + [(0, num_blocks * block - x.shape[-2]), (0, 0)])
     x = x.reshape(x.shape[:2] + (num_blocks, block, x.shape[-1]))
   else:
     x = x[:, :, None]
-  if x.shape[-1] == 1:
+  if not per_key:
     return x
-  if x.shape[2] == 1:  # the same row for every query: slab the keys alone
+  if not per_query:  # the same row for every query: slab the keys alone
     return _slabs(x[:, :, 0, 0], num_blocks, block, n_left, n_right, axis=2)[:, :, :, None]
   keys = _slabs(x, num_blocks, block, n_left, n_right, axis=4)  # [.., nb, bq, nb, W]
   i = jnp.arange(num_blocks)

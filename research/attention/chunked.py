@@ -20,7 +20,6 @@ costs O(n·w). A query with no visible key returns zeros.
 """
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -73,8 +72,10 @@ def _block_2d(x: Array | None, q_start, k_start, s: _Static) -> Array | None:
   return x if x.shape[-1] == 1 else _block(x, k_start, s.k_block, x.ndim - 1)
 
 
-def _visible(s: _Static, mask, kv_lengths, q_start, k_start) -> Array | None:
-  """bool [b|1, 1|H_kv, 1|G, bq, bk] for one block, or None when everything is visible."""
+def _visible(s: _Static, mask, kv_lengths, q_start, k_start, masked: bool) -> Array | None:
+  """bool [b|1, 1|H_kv, 1|G, bq, bk] for one block, or None for a fully visible block."""
+  if not masked:
+    return None
   vis = Visibility(s.left, s.right, kv_lengths)
   keys_padded = s.kv_len % s.k_block != 0
   if vis.sees_everything and not keys_padded:
@@ -101,6 +102,24 @@ def _block_range(first, last, block: int) -> tuple[Array, Array]:
   return first // block, (last + block - 1) // block
 
 
+def _full_block_range(first, last, block: int, s: _Static, mask, kv_lengths, length: int):
+  """Block indices whose every position lies in [first, last) and needs no mask."""
+  if mask is not None or kv_lengths is not None:
+    return jnp.asarray(0), jnp.asarray(0)
+  last = jnp.minimum(last, length)
+  return (first + block - 1) // block, last // block
+
+
+def _fori_masked_and_full(lo, hi, full, body, carry):
+  """fori_loop over blocks [lo, hi): body(j, carry, masked=False) on the fully visible
+  sub-range `full`, masked=True on the blocks before and after it."""
+  full_lo = jnp.clip(full[0], lo, hi)
+  full_hi = jnp.clip(full[1], full_lo, hi)
+  carry = lax.fori_loop(lo, full_lo, lambda j, c: body(j, c, True), carry)
+  carry = lax.fori_loop(full_lo, full_hi, lambda j, c: body(j, c, False), carry)
+  return lax.fori_loop(full_hi, hi, lambda j, c: body(j, c, True), carry)
+
+
 def _forward(s: _Static, q, k, v, bias, mask, kv_lengths):
   """q [b, H_kv, G, Lq, d], k/v [b, H_kv, Lk, d] (padded) -> out, lse."""
   vis = Visibility(s.left, s.right, kv_lengths)
@@ -110,13 +129,15 @@ def _forward(s: _Static, q, k, v, bias, mask, kv_lengths):
     q_start = i * s.q_block
     q_i = _block(q, q_start, s.q_block, 3)
     first, last = _block_range(*vis.key_block_range(q_start, s.q_block, s.kv_len), s.k_block)
+    full = _full_block_range(*vis.full_key_range(q_start, s.q_block), s.k_block, s, mask,
+                             kv_lengths, s.kv_len)
 
-    def key_block(j, carry):
+    def key_block(j, carry, masked):
       m, l, acc = carry
       k_start = j * s.k_block
       k_j, v_j = _block(k, k_start, s.k_block, 2), _block(v, k_start, s.k_block, 2)
       logits = _logits(s, q_i, k_j, bias, q_start, k_start)
-      visible = _visible(s, mask, kv_lengths, q_start, k_start)
+      visible = _visible(s, mask, kv_lengths, q_start, k_start, masked)
       masked = logits if visible is None else jnp.where(visible, logits, -jnp.inf)
       m_new = jnp.maximum(m, masked.max(-1))
       shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -130,7 +151,7 @@ def _forward(s: _Static, q, k, v, bias, mask, kv_lengths):
     shape = q_i.shape[:-1]
     init = (jnp.full(shape, -jnp.inf, F32), jnp.zeros(shape, F32),
             jnp.zeros(shape + v.shape[-1:], F32))
-    m, l, acc = lax.fori_loop(first, last, key_block, init)
+    m, l, acc = _fori_masked_and_full(first, last, full, key_block, init)
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), jnp.inf)
     return out, lse
@@ -155,42 +176,51 @@ def _attention_fwd(s, q, k, v, bias, mask, kv_lengths):
 
 
 def _attention_bwd(s, residuals, d_out):
+  """Works on transposed blocks sᵀ = k qᵀ [.., bk, bq] so that dv = pᵀ dout and
+  dk = dsᵀ q are plain products; only dq = ds k needs a transpose."""
   q, k, v, bias, mask, kv_lengths, out, lse = residuals
   vis = Visibility(s.left, s.right, kv_lengths)
   delta = jnp.sum(d_out.astype(F32) * out.astype(F32), axis=-1)     # [b, h, g, Lq]
   num_k_blocks = k.shape[2] // s.k_block
+  transpose = lambda x: None if x is None else jnp.swapaxes(x, -1, -2)
 
   def key_block(j, carry):
     d_q, d_k, d_v, d_bias = carry
     k_start = j * s.k_block
     k_j, v_j = _block(k, k_start, s.k_block, 2), _block(v, k_start, s.k_block, 2)
     first, last = _block_range(*vis.query_block_range(k_start, s.k_block, s.q_len), s.q_block)
+    keys_padded = k_start + s.k_block > s.kv_len
+    full = _full_block_range(*vis.full_query_range(k_start, s.k_block), s.q_block, s, mask,
+                             kv_lengths, jnp.where(keys_padded, 0, s.q_len))
 
-    def query_block(i, carry):
+    def query_block(i, carry, masked):
       d_k_j, d_v_j, d_q, d_bias = carry
       q_start = i * s.q_block
       q_i, d_out_i = _block(q, q_start, s.q_block, 3), _block(d_out, q_start, s.q_block, 3)
-      logits = _logits(s, q_i, k_j, bias, q_start, k_start)
-      visible = _visible(s, mask, kv_lengths, q_start, k_start)
-      masked = logits if visible is None else jnp.where(visible, logits, -jnp.inf)
-      p = jnp.exp(masked - _block(lse, q_start, s.q_block, 3)[..., None])
-      d_v_j += jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(d_out.dtype), d_out_i,
+      logits_t = jnp.einsum("bhkd,bhgqd->bhgkq", k_j, q_i, preferred_element_type=F32) * s.scale
+      bias_block = _block_2d(bias, q_start, k_start, s)
+      if bias_block is not None:
+        logits_t = logits_t + transpose(bias_block).astype(F32)
+      visible_t = transpose(_visible(s, mask, kv_lengths, q_start, k_start, masked))
+      if visible_t is not None:
+        logits_t = jnp.where(visible_t, logits_t, -jnp.inf)
+      p_t = jnp.exp(logits_t - _block(lse, q_start, s.q_block, 3)[..., None, :])
+      d_v_j += jnp.einsum("bhgkq,bhgqd->bhkd", p_t.astype(d_out.dtype), d_out_i,
                           preferred_element_type=F32)
-      d_p = jnp.einsum("bhgqd,bhkd->bhgqk", d_out_i, v_j, preferred_element_type=F32)
-      d_s = p * (d_p - _block(delta, q_start, s.q_block, 3)[..., None])
-      d_q_i = jnp.einsum("bhgqk,bhkd->bhgqd", d_s.astype(k.dtype), k_j,
+      d_p_t = jnp.einsum("bhkd,bhgqd->bhgkq", v_j, d_out_i, preferred_element_type=F32)
+      d_s_t = p_t * (d_p_t - _block(delta, q_start, s.q_block, 3)[..., None, :])
+      d_k_j += jnp.einsum("bhgkq,bhgqd->bhkd", d_s_t.astype(q.dtype), q_i,
+                          preferred_element_type=F32) * s.scale
+      d_q_i = jnp.einsum("bhgkq,bhkd->bhgqd", d_s_t.astype(k.dtype), k_j,
                          preferred_element_type=F32) * s.scale
       d_q = lax.dynamic_update_slice_in_dim(
           d_q, _block(d_q, q_start, s.q_block, 3) + d_q_i, q_start, 3)
-      d_k_j += jnp.einsum("bhgqk,bhgqd->bhkd", d_s.astype(q.dtype), q_i,
-                          preferred_element_type=F32) * s.scale
       if d_bias is not None:
-        d_bias = _accumulate_bias_grad(d_bias, d_s, q_start, k_start, s)
+        d_bias = _accumulate_bias_grad(d_bias, transpose(d_s_t), q_start, k_start, s)
       return d_k_j, d_v_j, d_q, d_bias
 
-    zeros_k = jnp.zeros(k_j.shape, F32)
-    d_k_j, d_v_j, d_q, d_bias = lax.fori_loop(
-        first, last, query_block, (zeros_k, jnp.zeros(v_j.shape, F32), d_q, d_bias))
+    init = (jnp.zeros(k_j.shape, F32), jnp.zeros(v_j.shape, F32), d_q, d_bias)
+    d_k_j, d_v_j, d_q, d_bias = _fori_masked_and_full(first, last, full, query_block, init)
     d_k = lax.dynamic_update_slice_in_dim(d_k, d_k_j, k_start, 2)
     d_v = lax.dynamic_update_slice_in_dim(d_v, d_v_j, k_start, 2)
     return d_q, d_k, d_v, d_bias

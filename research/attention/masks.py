@@ -111,3 +111,21 @@ class Visibility(NamedTuple):
     first = 0 if self.right is None else jnp.maximum(k_start - self.right, 0)
     last = q_len if self.left is None else jnp.minimum(k_start + k_size + self.left, q_len)
     return jnp.asarray(first), jnp.asarray(last)
+
+  def full_key_range(self, q_start, q_size: int) -> tuple[Array, Array]:
+    """[first, last) key positions every query in [q_start, q_start + q_size) sees.
+
+    Empty (first ≥ last) when the window is narrower than the block; key lengths
+    are not taken into account.
+    """
+    q_last = q_start + q_size - 1
+    first = 0 if self.left is None else jnp.maximum(q_last - self.left, 0)
+    last = jnp.iinfo(jnp.int32).max if self.right is None else q_start + self.right + 1
+    return jnp.asarray(first), jnp.asarray(last)
+
+  def full_query_range(self, k_start, k_size: int) -> tuple[Array, Array]:
+    """[first, last) query positions that see every key in [k_start, k_start + k_size)."""
+    k_last = k_start + k_size - 1
+    first = 0 if self.right is None else jnp.maximum(k_last - self.right, 0)
+    last = jnp.iinfo(jnp.int32).max if self.left is None else k_start + self.left + 1
+    return jnp.asarray(first), jnp.asarray(last)

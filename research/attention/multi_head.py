@@ -1,0 +1,194 @@
+"""Multi-head attention ("Attention is all you need"), grouped / multi-query heads, KV cache.
+
+With H query heads, H_kv key/value heads (H_kv divides H; G = H / H_kv) and d = qkv_features / H:
+
+  q_h = x_q W_q^h + b_q^h,   k_g = x_k W_k^g + b_k^g,   v_g = x_v W_v^g + b_v^g
+  head_h = softmax(q_h k_gᵀ / √d + bias, over the visible keys) v_g   with g = ⌊h / G⌋
+  out = Σ_h head_h W_o^h + b_o
+
+H_kv = H is multi-head attention, H_kv = 1 multi-query attention (Shazeer 2019), anything
+in between grouped-query attention (Ainslie et al. 2023). Parameters, with D_q, D_k, D_v
+the feature sizes of the query, key and value inputs (the names and layout of
+`flax.linen.MultiHeadDotProductAttention`):
+
+  query/kernel [D_q, H, d]      query/bias [H, d]
+  key/kernel   [D_k, H_kv, d]   key/bias   [H_kv, d]
+  value/kernel [D_v, H_kv, d]   value/bias [H_kv, d]
+  out/kernel   [H, d, out_features]   out/bias [out_features]
+
+Incremental decoding (decode=True) keeps a "cache" collection, like flax's module:
+cached_key / cached_value [batch, max_len, H_kv, d] and cache_index. `init` with a
+full-length input [batch, max_len, features] allocates it (and attends normally); each
+later call with n new tokens writes their keys and values at cache_index, lets them see
+the cached positions < cache_index plus the new ones causally, and advances the index
+by n. Decoding token by token therefore reproduces the causal pass over the whole
+sequence. The index is traced, so writing past max_len cannot be caught: it is the
+caller's job to stop at max_len.
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from research.attention.functional import IMPLEMENTATIONS, dot_product_attention
+from research.attention.masks import Visibility
+
+Array = jax.Array
+
+
+def check_heads(qkv_features: int, num_heads: int, num_kv_heads: int | None = None) -> int:
+  """Validates a head configuration and returns the head size d = qkv_features / num_heads."""
+  if not isinstance(num_heads, int) or num_heads < 1:
+    raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+  if qkv_features % num_heads:
+    raise ValueError(f"qkv_features ({qkv_features}) must be divisible by num_heads ({num_heads})")
+  if num_kv_heads is not None and (not isinstance(num_kv_heads, int) or num_kv_heads < 1
+                                   or num_heads % num_kv_heads):
+    raise ValueError(f"num_kv_heads ({num_kv_heads!r}) must be a positive divisor of num_heads "
+                     f"({num_heads}): 1 (multi-query) … {num_heads} (multi-head)")
+  return qkv_features // num_heads
+
+
+def weighted_values(weights: Array, v: Array) -> Array:
+  """Σ_k weights[b, h, q, k] v[b, k, ⌊h / G⌋, :]: weights [b, H, q, k], v [b, k, H_kv, d_v].
+
+  Returns [b, q, H, d_v] in float32.
+  """
+  b, h, q_len, kv_len = weights.shape
+  num_kv_heads = v.shape[2]
+  grouped = weights.reshape(b, num_kv_heads, h // num_kv_heads, q_len, kv_len)
+  out = jnp.einsum("bhgqk,bkhd->bqhgd", grouped.astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)
+  return out.reshape(b, q_len, h, v.shape[-1])
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head (or grouped / multi-query) attention over query and key/value inputs.
+
+  `__call__(inputs_q [b, q_len, D_q], inputs_kv [b, kv_len, D_k] = inputs_q, ...)`
+  returns [b, q_len, out_features]. With implementation "dense" the attention weights
+  [b, H, q_len, kv_len] (before dropout) are sown as intermediates/attention_weights.
+  In a decode step kv_len is the cache's max_len: mask, bias and the sown weights cover
+  [n new tokens, max_len].
+  """
+  num_heads: int                          # H, query heads
+  qkv_features: int | None = None         # H · d (default: features of inputs_q)
+  out_features: int | None = None         # output features (default: features of inputs_q)
+  num_kv_heads: int | None = None         # H_kv, dividing H (None: H; 1: multi-query)
+  dropout_rate: float = 0.0               # dropout on the attention weights (train=True, dense only)
+  implementation: str = "dense"           # "dense", "chunked" or "banded" (see dot_product_attention)
+  window: Any = None                      # None, w or (left, right): sliding-window attention
+  block_size: int | None = None           # chunked / banded block length (None: their defaults)
+  use_bias: bool = True                   # biases in the four projections
+  decode: bool = False                    # incremental decoding with a KV cache (self-attention)
+  dtype: Any = None                       # computation dtype (None: from inputs and params)
+  param_dtype: Any = jnp.float32          # parameter dtype
+  kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()  # projection kernels
+  bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()      # projection biases
+
+  def _check_config(self, train: bool):
+    if self.implementation not in IMPLEMENTATIONS:
+      raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {self.implementation!r}")
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
+    if self.dropout_rate > 0 and train and self.implementation != "dense":
+      raise ValueError(f"dropout_rate > 0 with train=True needs implementation='dense' (the "
+                       f"weights are dropped), got implementation={self.implementation!r}")
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
+               inputs_v: Array | None = None, mask: Array | None = None,
+               bias: Array | None = None, is_causal: bool = False,
+               key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
+    """Attends from inputs_q to inputs_kv.
+
+    Args:
+      inputs_q: [b, q_len, D_q].
+      inputs_kv: [b, kv_len, D_k], source of keys (and values); None: self-attention.
+      inputs_v: [b, kv_len, D_v], source of values when it differs from the keys' (torch's
+        `vdim`); None: inputs_kv.
+      mask: bool broadcastable to [b, H, q_len, kv_len], True = may attend.
+      bias: added to the logits, broadcastable like mask.
+      is_causal: query i sees keys j ≤ i (decode steps are always causal).
+      key_value_seq_lengths: [b] ints; keys t ≥ length are padding.
+      train: enables attention dropout (PRNG stream "dropout").
+
+    Returns:
+      [b, q_len, out_features].
+    """
+    self._check_config(train)
+    features = inputs_q.shape[-1]
+    qkv_features = self.qkv_features or features
+    num_kv_heads = self.num_kv_heads or self.num_heads
+    head_dim = check_heads(qkv_features, self.num_heads, num_kv_heads)
+    if self.decode and (inputs_kv is not None or inputs_v is not None):
+      raise ValueError("decode=True caches self-attention keys: pass inputs_kv=None and "
+                       "inputs_v=None (use decode=False for cross-attention)")
+    inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+    inputs_v = inputs_kv if inputs_v is None else inputs_v
+
+    dense = functools.partial(nn.DenseGeneral, use_bias=self.use_bias, dtype=self.dtype,
+                              param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+                              bias_init=self.bias_init)
+    q = dense((self.num_heads, head_dim), name="query")(inputs_q)
+    k = dense((num_kv_heads, head_dim), name="key")(inputs_kv)
+    v = dense((num_kv_heads, head_dim), name="value")(inputs_v)
+
+    pattern = dict(is_causal=is_causal, window=self.window,
+                   key_value_seq_lengths=key_value_seq_lengths)
+    implementation = self.implementation
+    if self.decode:
+      k, v, step_visible = self._cached_keys_values(k, v, key_value_seq_lengths)
+      if step_visible is not None:  # a decode step: the pattern is folded into the cache mask
+        mask = step_visible if mask is None else jnp.logical_and(mask, step_visible)
+        pattern = {}
+        # the banded strategy assumes query i sits at key position i; a step's queries do not.
+        implementation = "dense" if implementation == "banded" else implementation
+
+    attend = functools.partial(dot_product_attention, q, k, v, mask=mask, bias=bias,
+                               implementation=implementation, block_size=self.block_size,
+                               **pattern)
+    if implementation == "dense":
+      out, weights = attend(return_weights=True)
+      self.sow("intermediates", "attention_weights", weights)
+      if self.dropout_rate > 0 and train:
+        dropped = nn.Dropout(self.dropout_rate, deterministic=False)(weights)
+        out = weighted_values(dropped, v).astype(q.dtype)
+    else:
+      out = attend()
+    return dense(self.out_features or features, axis=(-2, -1), name="out")(out)
+
+  def _cached_keys_values(self, k: Array, v: Array, key_value_seq_lengths: Array | None
+                          ) -> tuple[Array, Array, Array | None]:
+    """Writes k, v [b, n, H_kv, d] into the cache; returns the cache and what the step sees.
+
+    Without a cache yet (at `init`), allocates it with k's shape and returns (k, v, None).
+    Otherwise returns cached keys, values [b, max_len, H_kv, d] and the step's visibility
+    [b|1, 1, n, max_len]: query i (position cache_index + i) sees keys j ≤ cache_index + i,
+    within the window and the key lengths.
+    """
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return k, v, None
+    batch, max_len, *head_shape = cached_key.value.shape
+    new = k.shape[1]
+    if k.shape[0] != batch or list(k.shape[2:]) != head_shape or new > max_len:
+      raise ValueError(f"decode step: keys {k.shape} do not fit the cache {cached_key.value.shape} "
+                       "(same batch and heads, at most max_len new tokens)")
+    start = cache_index.value
+    at = (0, start, 0, 0)
+    cached_key.value = lax.dynamic_update_slice(cached_key.value, k.astype(cached_key.value.dtype), at)
+    cached_value.value = lax.dynamic_update_slice(cached_value.value,
+                                                  v.astype(cached_value.value.dtype), at)
+    cache_index.value = start + new
+    lengths = None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths)
+    visibility = Visibility.make(True, self.window, lengths)
+    visible = visibility.dense(new, max_len, q_start=start)[:, None]
+    return cached_key.value, cached_value.value, visible
