@@ -107,8 +107,9 @@ class RecurrentLayer(nn.Module):
       h0 = jnp.zeros((k, batch, out_size), jnp.float32)
       return h0, jnp.zeros((k, batch, self.hidden_size), jnp.float32) if has_c else None
     if has_c:
-      if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
-        raise ValueError("LSTM initial_state must be a pair (h0, c0)")
+      if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2
+              and all(s is not None for s in initial_state)):
+        raise ValueError("LSTM initial_state must be a pair of arrays (h0, c0)")
       h0, c0 = initial_state
     else:
       h0, c0 = initial_state, None

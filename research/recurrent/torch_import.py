@@ -27,17 +27,18 @@ def from_torch(module) -> tuple[RecurrentLayer, dict[str, Any]]:
   """
   import torch  # pylint: disable=import-outside-toplevel
 
-  common = dict(hidden_size=module.hidden_size, num_layers=module.num_layers,
-                bidirectional=module.bidirectional, dropout=float(module.dropout),
-                batch_first=module.batch_first)
-  if isinstance(module, torch.nn.LSTM):
-    layer = LSTM(proj_size=module.proj_size, **common)
-  elif isinstance(module, torch.nn.GRU):
-    layer = GRU(**common)
-  elif isinstance(module, torch.nn.RNN):
-    layer = RNN(nonlinearity=module.nonlinearity, **common)
-  else:
+  layers = {torch.nn.LSTM: LSTM, torch.nn.GRU: GRU, torch.nn.RNN: RNN}  # no one subclasses another
+  layer_cls = next((ours for theirs, ours in layers.items() if isinstance(module, theirs)), None)
+  if layer_cls is None:
     raise TypeError(f"from_torch takes a torch.nn.RNN, LSTM or GRU, got {type(module).__name__}")
+  options = dict(hidden_size=module.hidden_size, num_layers=module.num_layers,
+                 bidirectional=module.bidirectional, dropout=float(module.dropout),
+                 batch_first=module.batch_first)
+  if layer_cls is LSTM:
+    options["proj_size"] = module.proj_size
+  if layer_cls is RNN:
+    options["nonlinearity"] = module.nonlinearity
+  layer = layer_cls(**options)
 
   params = {f"l{k}{suffix}": _cell_params(module, f"l{k}{suffix}")
             for k in range(module.num_layers)
