@@ -2,7 +2,7 @@
 
     python3 tasks.py main     # the main job (default experiment)
     python3 tasks.py test     # the test suite (extra arguments go to pytest)
-    python3 tasks.py bench    # the benchmarks under benchmarks/
+    python3 tasks.py bench [recurrent|attention] [args]   # benchmarks/ (default: both)
 
 Needs only Python >= 3.10 and pip. The first call creates `.venv` and installs the
 package (with the `test` extra for `test` and `bench`); later calls reinstall only
@@ -24,8 +24,16 @@ TASKS = {
     # name: (pip extras, command run inside the environment)
     "main": ("", ["examples/adding_problem.py"]),
     "test": ("test", ["-m", "pytest"]),
-    "bench": ("test", ["benchmarks/recurrent.py"]),
+    "bench": ("test", []),   # the command is benchmarks/NAME.py, see `benchmark_commands`
 }
+BENCHMARKS = ("recurrent", "attention")
+
+
+def benchmark_commands(args: list[str]) -> list[list[str]]:
+  """`bench NAME [args]` runs benchmarks/NAME.py with args; plain `bench` runs all."""
+  if args and args[0] in BENCHMARKS:
+    return [[f"benchmarks/{args[0]}.py", *args[1:]]]
+  return [[f"benchmarks/{name}.py", *args] for name in BENCHMARKS]
 
 
 def ensure_environment(extras: str) -> None:
@@ -51,7 +59,12 @@ def main(argv: list[str]) -> int:
     return 2
   extras, command = TASKS[argv[0]]
   ensure_environment(extras)
-  return subprocess.call([str(PYTHON), *command, *argv[1:]], cwd=ROOT)
+  commands = benchmark_commands(argv[1:]) if argv[0] == "bench" else [[*command, *argv[1:]]]
+  for command in commands:
+    status = subprocess.call([str(PYTHON), *command], cwd=ROOT)
+    if status:
+      return status
+  return 0
 
 
 if __name__ == "__main__":

@@ -18,15 +18,14 @@ def masked_softmax(logits: Array, visible: Array | None) -> Array:
   """Softmax over the last axis restricted to `visible`; rows with nothing visible -> 0.
 
   logits: float32 [..., kv_len]; visible: bool broadcastable to logits, or None.
+  Masked logits become the most negative float, so exp gives exactly 0 beside any
+  visible key, and jax.nn.softmax's custom JVP keeps only the output for the backward
+  pass; a row with nothing visible is uniform there and then zeroed, with finite grads.
   """
   if visible is None:
     return jax.nn.softmax(logits, axis=-1)
-  row_max = jnp.max(jnp.where(visible, logits, -jnp.inf), axis=-1, keepdims=True)
-  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  # exp(-inf) = 0 with a zero gradient: masked entries never see a NaN or an inf.
-  unnormalised = jnp.exp(jnp.where(visible, logits - row_max, -jnp.inf))
-  total = jnp.sum(unnormalised, axis=-1, keepdims=True)
-  return unnormalised / jnp.where(total > 0, total, 1.0)
+  weights = jax.nn.softmax(jnp.where(visible, logits, jnp.finfo(logits.dtype).min), axis=-1)
+  return jnp.where(visible, weights, 0.0)
 
 
 def split_heads(q: Array, num_kv_heads: int) -> Array:

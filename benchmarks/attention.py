@@ -1,0 +1,138 @@
+"""Causal self-attention forward + backward: our strategies against jax.nn and torch.
+
+    python3 tasks.py bench attention          # every length (several minutes on 2 cores)
+    python benchmarks/attention.py --lengths 2048 --repeats 5
+
+For q, k, v of shape [B, L, H=8, d=64] and a random output cotangent, times the
+gradient with respect to q, k and v of causal attention computed by
+
+  ours dense / chunked / banded (w=256)   research.attention.dot_product_attention
+  jax.nn                                 jax.nn.dot_product_attention (XLA)
+  torch                                  torch.nn.functional.scaled_dot_product_attention
+
+interleaved round-robin in one process (medians; torch with as many threads as cores),
+and reports peak memory: for the JAX functions the buffers XLA plans for the compiled
+forward + backward (arguments + outputs + temporaries), for torch the growth of the
+peak resident set over one step in a fresh process (inputs excluded for torch). Configurations whose dense
+[L, L] weights would not fit in memory are skipped. Ratios are ours / torch.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from research.attention import dot_product_attention
+
+HEADS, HEAD_DIM, WINDOW = 8, 64, 256
+DENSE_LIMIT_BYTES = 6 * 2**30       # skip dense / jax.nn when B·H·L² float32 weights exceed this
+
+
+def jax_candidates(batch: int, length: int) -> dict:
+  dense_bytes = 4 * batch * HEADS * length * length
+  attention = {
+      "ours chunked": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True, implementation="chunked"),
+      "ours banded w=256": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True, window=WINDOW,
+                                                                 implementation="banded"),
+  }
+  if dense_bytes <= DENSE_LIMIT_BYTES:
+    attention["ours dense"] = lambda q, k, v: dot_product_attention(q, k, v, is_causal=True)
+    attention["jax.nn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
+  return attention
+
+
+def jax_step(attention, q, k, v, cotangent):
+  """(fn() running one forward + backward, planned peak bytes)."""
+  grad = jax.jit(jax.grad(lambda q, k, v: jnp.vdot(attention(q, k, v), cotangent), (0, 1, 2)))
+  memory = grad.lower(q, k, v).compile().memory_analysis()
+  peak = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+  return (lambda: jax.block_until_ready(grad(q, k, v))), peak
+
+
+def torch_step(q, k, v, cotangent):
+  import torch  # pylint: disable=import-outside-toplevel
+  tq, tk, tv = (torch.from_numpy(np.asarray(x)).transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+  tg = torch.from_numpy(np.asarray(cotangent)).transpose(1, 2).contiguous()
+
+  def run():
+    for t in (tq, tk, tv):
+      t.grad = None
+    torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tg)
+
+  return run
+
+
+def inputs(batch: int, length: int):
+  rng = np.random.default_rng(0)
+  return [jnp.asarray(rng.standard_normal((batch, length, HEADS, HEAD_DIM), dtype=np.float32))
+          for _ in range(4)]
+
+
+# Runs in a fresh interpreter with numpy and torch only, so nothing else's peak hides torch's.
+_TORCH_PEAK = """
+import os, resource, sys, numpy as np, torch
+torch.set_num_threads(os.cpu_count())
+b, L, H, d = (int(a) for a in sys.argv[1:])
+q, k, v, g = (torch.from_numpy(np.random.default_rng(0).standard_normal((b, H, L, d), dtype=np.float32))
+              for _ in range(4))
+for t in (q, k, v):
+  t.requires_grad_()
+small = torch.ones(1, 1, 8, 8, requires_grad=True)  # torch's one-time set-up is not attention's
+torch.nn.functional.scaled_dot_product_attention(small, small, small, is_causal=True).sum().backward()
+rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss)
+"""
+
+
+def torch_peak_bytes(batch: int, length: int) -> int:
+  """Growth of the peak resident set over one torch forward + backward (fresh process)."""
+  out = subprocess.run([sys.executable, "-c", _TORCH_PEAK, str(batch), str(length), str(HEADS),
+                        str(HEAD_DIM)], capture_output=True, text=True, check=True)
+  return int(out.stdout.split()[-1])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--lengths", default="512,2048,8192,16384")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--pause", type=float, default=0.2, help="seconds idle before each call")
+  args = parser.parse_args()
+  import torch  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(os.cpu_count())
+  print(f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads); causal "
+        f"self-attention fwd+bwd, H={HEADS}, d={HEAD_DIM}; medians of {args.repeats} interleaved rounds\n")
+  print("| B | L | implementation | time ms | peak MiB | time / torch |")
+  print("|---|---|---|---|---|---|")
+  for length in (int(x) for x in args.lengths.split(",")):
+    batch = 1 if length > 8192 else 4
+    q, k, v, cotangent = inputs(batch, length)
+    steps, peaks = {}, {}
+    for name, attention in jax_candidates(batch, length).items():
+      steps[name], peaks[name] = jax_step(attention, q, k, v, cotangent)
+    if length <= 8192:
+      steps["torch"], peaks["torch"] = torch_step(q, k, v, cotangent), torch_peak_bytes(batch, length)
+    for step in steps.values():  # compile and warm up
+      step()
+    times = {name: [] for name in steps}
+    for _ in range(args.repeats):
+      for name, step in steps.items():
+        time.sleep(args.pause)
+        start = time.perf_counter()
+        step()
+        times[name].append(time.perf_counter() - start)
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    for name in steps:
+      ratio = f"{ms[name] / ms['torch']:.2f}" if "torch" in ms else "—"
+      print(f"| {batch} | {length} | {name} | {ms[name]:.0f} | {peaks[name] / 2**20:.0f} | {ratio} |",
+            flush=True)
+
+
+if __name__ == "__main__":
+  main()
