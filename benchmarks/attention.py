@@ -7,6 +7,7 @@ For q, k, v of shape [B, L, H=8, d=64] and a random output cotangent, times the
 gradient with respect to q, k and v of causal attention computed by
 
   ours dense / chunked / banded (w=256)   research.attention.dot_product_attention
+  ours chunked w=256                     the chunked strategy with the same window
   jax.nn                                 jax.nn.dot_product_attention (XLA)
   torch                                  torch.nn.functional.scaled_dot_product_attention
 
@@ -40,6 +41,8 @@ def jax_candidates(batch: int, length: int) -> dict:
       "ours chunked": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True, implementation="chunked"),
       "ours banded w=256": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True, window=WINDOW,
                                                                  implementation="banded"),
+      "ours chunked w=256": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True, window=WINDOW,
+                                                                  implementation="chunked"),
   }
   if dense_bytes <= DENSE_LIMIT_BYTES:
     attention["ours dense"] = lambda q, k, v: dot_product_attention(q, k, v, is_causal=True)

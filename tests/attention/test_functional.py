@@ -56,6 +56,7 @@ def attention_cases(draw):
       use_bias=draw(st.booleans()),
       implementation=draw(st.sampled_from(IMPLEMENTATIONS)),
       block_size=draw(st.sampled_from([4, 7, 16])),
+      dtype=draw(st.sampled_from([jnp.float32, jnp.bfloat16])),
   )
 
 
@@ -66,7 +67,7 @@ def test_matches_jax_nn(case):
   if case["implementation"] == "banded" and case["window"] is None:
     case["window"] = 4
   b, q_len, kv_len, heads = case["b"], case["q_len"], case["kv_len"], case["heads"]
-  q, k, v = _inputs(case["seed"], b, q_len, kv_len, heads, case["kv_heads"], case["d"])
+  q, k, v = _inputs(case["seed"], b, q_len, kv_len, heads, case["kv_heads"], case["d"], case["dtype"])
   rng = np.random.default_rng(case["seed"] + 1)
   mask = jnp.asarray(rng.random((b, 1, q_len, kv_len)) > 0.25) if case["use_mask"] else None
   bias = jnp.asarray(rng.standard_normal((1, heads, q_len, kv_len)), jnp.float32) if case["use_bias"] else None
@@ -83,12 +84,17 @@ def test_matches_jax_nn(case):
                                  block_size=case["block_size"])
 
   seen = _visible_rows(b, heads, q_len, kv_len, case["is_causal"], window, mask)
-  out, expected = ours(q, k, v, bias), reference(q, k, v, bias)
-  np.testing.assert_allclose(jnp.where(seen, out, 0), jnp.where(seen, expected, 0), atol=2e-5)
+  out = ours(q, k, v, bias)
+  assert out.dtype == case["dtype"]
+  # the reference runs in float32 on the same (possibly bfloat16-rounded) inputs
+  expected = reference(*(x.astype(jnp.float32) for x in (q, k, v)), bias)
+  atol = 2e-5 if case["dtype"] == jnp.float32 else 3e-2
+  np.testing.assert_allclose(jnp.where(seen, out.astype(jnp.float32), 0), jnp.where(seen, expected, 0),
+                             atol=atol)
   # jax.nn averages all values for a query that sees nothing; we return zeros
-  np.testing.assert_array_equal(jnp.where(seen, 0, out), 0)
+  np.testing.assert_array_equal(jnp.where(seen, 0, out.astype(jnp.float32)), 0)
 
-  if bool(seen.all()):  # gradients agree wherever both definitions coincide
+  if bool(seen.all()) and case["dtype"] == jnp.float32:  # gradients agree wherever both definitions coincide
     cotangent = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
     argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
     loss = lambda fn: lambda *a: jnp.vdot(fn(*a), cotangent)
