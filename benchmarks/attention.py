@@ -20,14 +20,13 @@ peak resident set over one step in a fresh process (inputs excluded for torch). 
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from timing import median_ms
 
 from research.attention import dot_product_attention
 
@@ -121,16 +120,7 @@ def main():
       steps[name], peaks[name] = jax_step(attention, q, k, v, cotangent)
     if length <= 8192:
       steps["torch"], peaks["torch"] = torch_step(q, k, v, cotangent), torch_peak_bytes(batch, length)
-    for step in steps.values():  # compile and warm up
-      step()
-    times = {name: [] for name in steps}
-    for _ in range(args.repeats):
-      for name, step in steps.items():
-        time.sleep(args.pause)
-        start = time.perf_counter()
-        step()
-        times[name].append(time.perf_counter() - start)
-    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    ms = median_ms(steps, args.repeats, args.pause)
     for name in steps:
       ratio = f"{ms[name] / ms['torch']:.2f}" if "torch" in ms else "—"
       print(f"| {batch} | {length} | {name} | {ms[name]:.0f} | {peaks[name] / 2**20:.0f} | {ratio} |",

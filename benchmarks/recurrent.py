@@ -17,14 +17,13 @@ It prints median milliseconds and the ratios ours / peer (below 1.0: we are fast
 
 import argparse
 import os
-import statistics
-import time
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from timing import median_ms
 
 from research import recurrent
 
@@ -66,25 +65,6 @@ def torch_step(module: torch.nn.Module, x: np.ndarray, cotangent: np.ndarray):
     outputs.backward(cotangent)
 
   return run
-
-
-def median_ms(fns: dict, repeats: int, pause: float) -> dict:
-  """Round-robin timing: every fn runs once per round; medians over rounds.
-
-  `pause` seconds of sleep before each call let the previous peer's threads go idle
-  (torch's OpenMP workers spin after a call and would slow whatever runs next).
-  """
-  for fn in fns.values():  # compile and warm up
-    fn()
-    fn()
-  times = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      time.sleep(pause)
-      start = time.perf_counter()
-      fn()
-      times[name].append(time.perf_counter() - start)
-  return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
 
 
 def main():
