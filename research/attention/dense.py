@@ -48,6 +48,19 @@ def attention_logits(q: Array, k: Array, scale: float) -> Array:
   return jnp.einsum("bqhgd,bkhd->bhgqk", q, k, preferred_element_type=jnp.float32) * scale
 
 
+def weighted_values(weights: Array, v: Array) -> Array:
+  """Σ_k weights[b, h, q, k] v[b, k, ⌊h / G⌋, :]: weights [b, H, q, k], v [b, k, H_kv, d_v].
+
+  Returns [b, q, H, d_v] in float32.
+  """
+  b, h, q_len, kv_len = weights.shape
+  num_kv_heads = v.shape[2]
+  grouped = weights.reshape(b, num_kv_heads, h // num_kv_heads, q_len, kv_len)
+  out = jnp.einsum("bhgqk,bkhd->bqhgd", grouped.astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)
+  return out.reshape(b, q_len, h, v.shape[-1])
+
+
 def dense_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array | None,
                     visible: Array | None) -> tuple[Array, Array]:
   """Attention with explicit weights.
@@ -67,7 +80,6 @@ def dense_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array |
   if bias is not None:
     logits = logits + group_broadcast(bias, num_kv_heads).astype(jnp.float32)
   weights = masked_softmax(logits, group_broadcast(visible, num_kv_heads))
-  out = jnp.einsum("bhgqk,bkhd->bqhgd", weights.astype(v.dtype), v,
-                   preferred_element_type=jnp.float32)
   b, q_len, h, _ = q.shape
-  return out.reshape(b, q_len, h, v.shape[-1]).astype(q.dtype), weights.reshape(b, h, q_len, -1)
+  weights = weights.reshape(b, h, q_len, -1)
+  return weighted_values(weights, v).astype(q.dtype), weights

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from research.attention.dense import weighted_values
 from research.attention.functional import IMPLEMENTATIONS, dot_product_attention
 from research.attention.masks import Visibility
 
@@ -51,19 +52,6 @@ def check_heads(qkv_features: int, num_heads: int, num_kv_heads: int | None = No
     raise ValueError(f"num_kv_heads ({num_kv_heads!r}) must be a positive divisor of num_heads "
                      f"({num_heads}): 1 (multi-query) … {num_heads} (multi-head)")
   return qkv_features // num_heads
-
-
-def weighted_values(weights: Array, v: Array) -> Array:
-  """Σ_k weights[b, h, q, k] v[b, k, ⌊h / G⌋, :]: weights [b, H, q, k], v [b, k, H_kv, d_v].
-
-  Returns [b, q, H, d_v] in float32.
-  """
-  b, h, q_len, kv_len = weights.shape
-  num_kv_heads = v.shape[2]
-  grouped = weights.reshape(b, num_kv_heads, h // num_kv_heads, q_len, kv_len)
-  out = jnp.einsum("bhgqk,bkhd->bqhgd", grouped.astype(v.dtype), v,
-                   preferred_element_type=jnp.float32)
-  return out.reshape(b, q_len, h, v.shape[-1])
 
 
 class MultiHeadAttention(nn.Module):

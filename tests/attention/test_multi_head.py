@@ -20,7 +20,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from research.attention.multi_head import MultiHeadAttention, weighted_values
+from research.attention.dense import weighted_values
+from research.attention.multi_head import MultiHeadAttention
 
 B, T, D, H = 2, 7, 12, 4     # batch, length, features, heads (head_dim 3)
 ATOL = 1e-5
