@@ -2,13 +2,16 @@
 
 Queries are cut into blocks of bq. Query block i can only see keys in
 [i·bq − left, (i+1)·bq − 1 + right], which lie in the key blocks i − n_l … i + n_r
-with n_l = ⌈left / bq⌉, n_r = ⌈right / bq⌉. Those blocks are stacked into one slab of
-W = (n_l + 1 + n_r)·bq keys per query block (shifted slices, no gather), and dense
-attention runs on all [bq, W] tiles at once with the band mask
+with n_l = ⌈left / bq⌉, n_r = ⌈right / bq⌉: a slab of W = (n_l + 1 + n_r)·bq keys,
+read by one dynamic slice of the (padded) keys. Dense attention runs on the [bq, W]
+tile with the band mask
 
   visible(a, c) = −left ≤ (c − n_l·bq) − a ≤ right  and the key exists,
 
-for query a and slab key c of a block, so the cost is O(n·W) instead of O(n²).
+for query a and slab key c of the block, so the cost is O(n·W) instead of O(n²). The
+tiles are computed one after another (`lax.map`) and recomputed in the backward pass
+(`jax.checkpoint`): each tile stays in cache and nothing of size n·W is stored, which
+on a CPU is 2× faster than materialising every tile at once.
 """
 
 import math
@@ -25,17 +28,20 @@ F32 = jnp.float32
 
 def _slabs(x: Array, num_blocks: int, block: int, n_left: int, n_right: int, axis: int) -> Array:
   """x [.., L, ..] along `axis` -> [.., num_blocks, W, ..]: block i's keys i−n_l … i+n_r."""
-  total = (num_blocks + n_left + n_right) * block
-  x = jax.lax.slice_in_dim(x, 0, min(x.shape[axis], total - n_left * block), axis=axis)  # unreachable keys
-  pad = [(0, 0)] * x.ndim
-  pad[axis] = (n_left * block, total - n_left * block - x.shape[axis])
-  x = jnp.pad(x, pad)
+  x = jnp.moveaxis(_slab_padded(jnp.moveaxis(x, axis, 1), num_blocks, block, n_left, n_right), 1, axis)
   shape = x.shape[:axis] + (num_blocks + n_left + n_right, block) + x.shape[axis + 1:]
   blocks = x.reshape(shape)
   shifted = [jax.lax.slice_in_dim(blocks, s, s + num_blocks, axis=axis)
              for s in range(n_left + 1 + n_right)]
   slab = jnp.stack(shifted, axis=axis + 1)           # [.., nb, n_l+1+n_r, block, ..]
   return slab.reshape(slab.shape[:axis + 1] + (-1,) + slab.shape[axis + 3:])
+
+
+def _slab_padded(x: Array, num_blocks: int, block: int, n_left: int, n_right: int) -> Array:
+  """Keys [b, L, ..] padded so block i's slab is rows [i·bq, i·bq + W) (key t at t + n_l·bq)."""
+  total = (num_blocks + n_left + n_right) * block
+  x = jax.lax.slice_in_dim(x, 0, min(x.shape[1], total - n_left * block), axis=1)  # unreachable keys
+  return jnp.pad(x, [(0, 0), (n_left * block, total - n_left * block - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
 
 def _band(x: Array | None, num_blocks: int, block: int, n_left: int, n_right: int) -> Array | None:
@@ -58,7 +64,7 @@ def _band(x: Array | None, num_blocks: int, block: int, n_left: int, n_right: in
 
 
 def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array | None,
-                     mask: Array | None, visibility: Visibility, block: int = 128) -> Array:
+                     mask: Array | None, visibility: Visibility, block: int = 64) -> Array:
   """Windowed attention on [block, W] tiles.
 
   Args:
@@ -83,30 +89,36 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
 
   qb = jnp.pad(q, [(0, 0), (0, num_blocks * block - q_len), (0, 0), (0, 0)])
   qb = qb.reshape(b, num_blocks, block, num_kv_heads, group, d)
-  k_slab = _slabs(k, num_blocks, block, n_left, n_right, axis=1)   # [b, nb, W, H_kv, d]
-  v_slab = _slabs(v, num_blocks, block, n_left, n_right, axis=1)
-  logits = jnp.einsum("bnqhgd,bnkhd->bhgnqk", qb, k_slab, preferred_element_type=F32) * scale
+  width = (n_left + 1 + n_right) * block
+  pad_keys = lambda x: _slab_padded(x, num_blocks, block, n_left, n_right)
+  k_padded, v_padded = pad_keys(k), pad_keys(v)           # key t sits at t + n_left·bq
+  band_mask = group_broadcast(_band(mask, num_blocks, block, n_left, n_right), num_kv_heads)
+  band_bias = group_broadcast(_band(bias, num_blocks, block, n_left, n_right), num_kv_heads)
+  kv_lengths = None if visibility.kv_lengths is None else jnp.asarray(visibility.kv_lengths)
 
-  width = k_slab.shape[2]
-  query_pos = jnp.arange(num_blocks)[:, None] * block + jnp.arange(block)[None, :]   # [nb, bq]
-  key_pos = ((jnp.arange(num_blocks)[:, None] - n_left) * block
-             + jnp.arange(width)[None, :])                                          # [nb, W]
-  offset = key_pos[:, None, :] - query_pos[:, :, None]                              # [nb, bq, W]
-  visible = ((offset >= -visibility.left) & (offset <= visibility.right)
-             & (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] < kv_len))[None]
-  if visibility.kv_lengths is not None:
-    visible = visible & (key_pos[None, :, None, :]
-                         < jnp.asarray(visibility.kv_lengths)[:, None, None, None])
-  visible = visible[:, None, None]                                 # [b|1, 1, 1, nb, bq, W]
-  band_mask = _band(mask, num_blocks, block, n_left, n_right)
-  if band_mask is not None:
-    visible = visible & group_broadcast(band_mask, num_kv_heads)
-  band_bias = _band(bias, num_blocks, block, n_left, n_right)
-  if band_bias is not None:
-    logits = logits + group_broadcast(band_bias, num_kv_heads).astype(F32)
+  @jax.checkpoint  # the backward pass recomputes each tile instead of storing them all
+  def query_block(i):
+    """Dense attention of query block i over its slab of `width` keys."""
+    k_slab = jax.lax.dynamic_slice_in_dim(k_padded, i * block, width, axis=1)
+    v_slab = jax.lax.dynamic_slice_in_dim(v_padded, i * block, width, axis=1)
+    logits = jnp.einsum("bqhgd,bkhd->bhgqk", qb[:, i], k_slab, preferred_element_type=F32) * scale
+    query_pos = i * block + jnp.arange(block)                        # [bq]
+    key_pos = (i - n_left) * block + jnp.arange(width)               # [W]
+    offset = key_pos[None, :] - query_pos[:, None]
+    visible = ((offset >= -visibility.left) & (offset <= visibility.right)
+               & (key_pos >= 0)[None, :] & (key_pos < kv_len)[None, :])[None]
+    if kv_lengths is not None:
+      visible = visible & (key_pos[None, None, :] < kv_lengths[:, None, None])
+    visible = visible[:, None, None]                                 # [b|1, 1, 1, bq, W]
+    at_block = lambda x: x if x.shape[3] == 1 else jax.lax.dynamic_index_in_dim(x, i, 3, False)
+    if band_mask is not None:
+      visible = visible & at_block(band_mask)
+    if band_bias is not None:
+      logits = logits + at_block(band_bias).astype(F32)
+    weights = masked_softmax(logits, visible)
+    return jnp.einsum("bhgqk,bkhd->bqhgd", weights.astype(v.dtype), v_slab,
+                      preferred_element_type=F32)
 
-  weights = masked_softmax(logits, visible)
-  out = jnp.einsum("bhgnqk,bnkhd->bnqhgd", weights.astype(v.dtype), v_slab,
-                   preferred_element_type=F32)
-  return out.reshape(b, num_blocks * block, h, v.shape[-1])[:, :q_len].astype(q.dtype)
-
+  out = jax.lax.map(query_block, jnp.arange(num_blocks))          # [nb, b, bq, H_kv, G, dv]
+  out = jnp.moveaxis(out, 0, 1).reshape(b, num_blocks * block, h, v.shape[-1])
+  return out[:, :q_len].astype(q.dtype)

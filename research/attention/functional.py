@@ -72,7 +72,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     return_weights: also return the weights [batch, H, q_len, kv_len] (dense only).
     scale: logit scale, default 1/√d.
     key_value_seq_lengths: [batch] ints; keys at t ≥ length are padding.
-    block_size: block length of the chunked / banded strategies (default 256 / 128).
+    block_size: block length of the chunked / banded strategies (default 256 / 64).
 
   Returns:
     out [batch, q_len, H, d_v] in q's dtype, or (out, weights) with return_weights.
