@@ -94,7 +94,6 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
   k_padded, v_padded = pad_keys(k), pad_keys(v)           # key t sits at t + n_left·bq
   band_mask = group_broadcast(_band(mask, num_blocks, block, n_left, n_right), num_kv_heads)
   band_bias = group_broadcast(_band(bias, num_blocks, block, n_left, n_right), num_kv_heads)
-  kv_lengths = None if visibility.kv_lengths is None else jnp.asarray(visibility.kv_lengths)
 
   @jax.checkpoint  # the backward pass recomputes each tile instead of storing them all
   def query_block(i):
@@ -102,14 +101,11 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
     k_slab = jax.lax.dynamic_slice_in_dim(k_padded, i * block, width, axis=1)
     v_slab = jax.lax.dynamic_slice_in_dim(v_padded, i * block, width, axis=1)
     logits = jnp.einsum("bqhgd,bkhd->bhgqk", qb[:, i], k_slab, preferred_element_type=F32) * scale
-    query_pos = i * block + jnp.arange(block)                        # [bq]
-    key_pos = (i - n_left) * block + jnp.arange(width)               # [W]
-    offset = key_pos[None, :] - query_pos[:, None]
-    visible = ((offset >= -visibility.left) & (offset <= visibility.right)
-               & (key_pos >= 0)[None, :] & (key_pos < kv_len)[None, :])[None]
-    if kv_lengths is not None:
-      visible = visible & (key_pos[None, None, :] < kv_lengths[:, None, None])
-    visible = visible[:, None, None]                                 # [b|1, 1, 1, bq, W]
+    key_start = (i - n_left) * block
+    visible = visibility.dense(block, width, q_start=i * block, k_start=key_start)   # [b|1, bq, W]
+    key_pos = key_start + jnp.arange(width)
+    visible &= ((key_pos >= 0) & (key_pos < kv_len))[None, None, :]                  # slab padding
+    visible = visible[:, None, None]                                                 # [b|1, 1, 1, bq, W]
     at_block = lambda x: x if x.shape[3] == 1 else jax.lax.dynamic_index_in_dim(x, i, 3, False)
     if band_mask is not None:
       visible = visible & at_block(band_mask)

@@ -102,7 +102,7 @@ def _block_range(first, last, block: int) -> tuple[Array, Array]:
   return first // block, (last + block - 1) // block
 
 
-def _full_block_range(first, last, block: int, s: _Static, mask, kv_lengths, length: int):
+def _full_block_range(first, last, block: int, mask, kv_lengths, length: int):
   """Block indices whose every position lies in [first, last) and needs no mask."""
   if mask is not None or kv_lengths is not None:
     return jnp.asarray(0), jnp.asarray(0)
@@ -129,7 +129,7 @@ def _forward(s: _Static, q, k, v, bias, mask, kv_lengths):
     q_start = i * s.q_block
     q_i = _block(q, q_start, s.q_block, 3)
     first, last = _block_range(*vis.key_block_range(q_start, s.q_block, s.kv_len), s.k_block)
-    full = _full_block_range(*vis.full_key_range(q_start, s.q_block), s.k_block, s, mask,
+    full = _full_block_range(*vis.full_key_range(q_start, s.q_block), s.k_block, mask,
                              kv_lengths, s.kv_len)
 
     def key_block(j, carry, masked):
@@ -190,7 +190,7 @@ def _attention_bwd(s, residuals, d_out):
     k_j, v_j = _block(k, k_start, s.k_block, 2), _block(v, k_start, s.k_block, 2)
     first, last = _block_range(*vis.query_block_range(k_start, s.k_block, s.q_len), s.q_block)
     keys_padded = k_start + s.k_block > s.kv_len
-    full = _full_block_range(*vis.full_query_range(k_start, s.k_block), s.q_block, s, mask,
+    full = _full_block_range(*vis.full_query_range(k_start, s.k_block), s.q_block, mask,
                              kv_lengths, jnp.where(keys_padded, 0, s.q_len))
 
     def query_block(i, carry, masked):
@@ -216,7 +216,7 @@ def _attention_bwd(s, residuals, d_out):
       d_q = lax.dynamic_update_slice_in_dim(
           d_q, _block(d_q, q_start, s.q_block, 3) + d_q_i, q_start, 3)
       if d_bias is not None:
-        d_bias = _accumulate_bias_grad(d_bias, transpose(d_s_t), q_start, k_start, s)
+        d_bias = _accumulate_bias_grad(d_bias, transpose(d_s_t), q_start, k_start)
       return d_k_j, d_v_j, d_q, d_bias
 
     init = (jnp.zeros(k_j.shape, F32), jnp.zeros(v_j.shape, F32), d_q, d_bias)
@@ -232,7 +232,7 @@ def _attention_bwd(s, residuals, d_out):
           None if bias is None else d_bias.astype(bias.dtype), None, None)
 
 
-def _accumulate_bias_grad(d_bias, d_s, q_start, k_start, s: _Static):
+def _accumulate_bias_grad(d_bias, d_s, q_start, k_start):
   """Adds one block's d logits into d_bias [b|1, H_kv|1, G|1, q|1, k|1] (summing broadcasts)."""
   axes = tuple(a for a in range(5) if d_bias.shape[a] == 1 and d_s.shape[a] != 1)
   block = d_s.sum(axis=axes, keepdims=True)

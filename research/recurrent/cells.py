@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from research.recurrent import equations
-from research.recurrent.recurrence import recurrence
+from research.recurrent.recurrence import matmul, recurrence
 
 Array = jax.Array
 Carry = Any
@@ -93,8 +93,6 @@ class RecurrentCell(nn.RNNCellBase):
   def __call__(self, carry: Carry, inputs: Array) -> tuple[Carry, Array]:
     """One time step. inputs: [..., in]; returns (new carry, h_t [..., P])."""
     w = self.weights(inputs.shape[-1])
-    matmul = lambda a, b: jnp.einsum("...i,io->...o", a.astype(b.dtype), b,
-                                     preferred_element_type=jnp.float32)
     h, c = self._split_carry(carry)
     out = self.equations.forward(matmul(inputs, w.w_ih), matmul(h, w.w_hh), h, c, w.b_ih, w.b_hh)
     h_new = out.h if w.w_hr is None else matmul(out.h, w.w_hr)

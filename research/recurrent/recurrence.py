@@ -46,7 +46,7 @@ def _put(buffer: Array, value: Array, t: Array, axis: int) -> Array:
   return lax.dynamic_update_index_in_dim(buffer, value.astype(buffer.dtype), t, axis)
 
 
-def _matmul(a: Array, w: Array) -> Array:
+def matmul(a: Array, w: Array) -> Array:
   """a @ w over a's last axis, in w's dtype, accumulated in float32."""
   return jnp.einsum("...i,io->...o", a.astype(w.dtype), w, preferred_element_type=F32)
 
@@ -86,7 +86,7 @@ def _previous_states(ys: Array, h0: Array, valid: Array | None, s: _Static) -> A
 def _run_forward(s: _Static, x, w_ih, w_hh, b_ih, b_hh, w_hr, h0, c0, valid, *, save: bool):
   eq, ax = s.equations, s.time_axis
   num_steps = x.shape[ax]
-  xw = _matmul(x, w_ih)                                      # [..., gates * hidden]
+  xw = matmul(x, w_ih)                                      # [..., gates * hidden]
   ys = jnp.zeros(xw.shape[:-1] + h0.shape[-1:], F32)
   xw_step = _at(xw, 0, ax)
   step_shape = jax.eval_shape(eq.forward, xw_step, xw_step, h0, c0, b_ih, b_hh)
@@ -97,8 +97,8 @@ def _run_forward(s: _Static, x, w_ih, w_hh, b_ih, b_hh, w_hr, h0, c0, valid, *, 
   def body(k, carry):
     h, c, xw, ys, saved, pre_projection = carry
     t = _step_index(k, num_steps, s.reverse)
-    out = eq.forward(_at(xw, t, ax), _matmul(h, w_hh), h, c, b_ih, b_hh)
-    h_new = out.h if w_hr is None else _matmul(out.h, w_hr)
+    out = eq.forward(_at(xw, t, ax), matmul(h, w_hh), h, c, b_ih, b_hh)
+    h_new = out.h if w_hr is None else matmul(out.h, w_hr)
     m = _valid_at(valid, t)
     y = h_new if m is None else jnp.where(m, h_new, 0.0)
     h = h_new if m is None else jnp.where(m, h_new, h)
@@ -151,10 +151,10 @@ def _recurrence_bwd(s, residuals, cotangents):
         d_c_step, d_c_through = jnp.where(m, d_c, 0.0), jnp.where(m, 0.0, d_c)
     if w_hr is not None:
       d_projected = _put(d_projected, d_h_step, t, ax)
-      d_h_step = _matmul(d_h_step, w_hr_t)
+      d_h_step = matmul(d_h_step, w_hr_t)
     g = step(t, d_h_step, d_c_step)
     d_hw = g.d_xw if g.d_hw is None else g.d_hw
-    d_h = _matmul(d_hw, w_hh_t)
+    d_h = matmul(d_hw, w_hh_t)
     if g.d_h_direct is not None:
       d_h = d_h + g.d_h_direct
     if m is not None:
@@ -169,7 +169,7 @@ def _recurrence_bwd(s, residuals, cotangents):
   d_h0, d_c0, d_xw, d_hw_buffer, d_projected = lax.fori_loop(0, num_steps, body, carry)
   d_hw = d_xw if d_hw_buffer is None else d_hw_buffer
   return (
-      _matmul(d_xw, w_ih.T).astype(x.dtype),
+      matmul(d_xw, w_ih.T).astype(x.dtype),
       _sum_outer(x, d_xw).astype(w_ih.dtype),
       _sum_outer(h_prev, d_hw).astype(w_hh.dtype),
       d_xw.sum(range(d_xw.ndim - 1)).astype(b_ih.dtype),
