@@ -1,0 +1,77 @@
+"""What bounds chunked causal attention on XLA:CPU: its matrix products alone, against torch.
+
+    python benchmarks/attention_bound.py --length 2048 --repeats 5
+
+Causal forward + backward over [block, block] tiles performs seven products per visible
+(query block i, key block j) pair, i ≥ j:
+
+  forward   s = q_i k_jᵀ,  o_i += p v_j
+  backward  sᵀ = k_j q_iᵀ (recomputed),  dpᵀ = v_j dout_iᵀ,  dv_j += pᵀ dout_i,
+            dk_j += dsᵀ q_i,  dq_i += ds k_j
+
+"matmuls only" runs exactly these products on the same tiles with one multiply in
+place of the softmax and its exponentials, masks and rescaling: no attention
+implementation built from XLA:CPU's kernels can be faster. It is timed in one
+interleaved run with our chunked attention (block 256) and torch's fused
+`scaled_dot_product_attention`, at B=4, H=8, d=64.
+"""
+
+import argparse
+import os
+
+import jax
+import jax.numpy as jnp
+from attention import HEADS, inputs, jax_step, torch_step
+from jax import lax
+from timing import median_ms
+
+from research.attention import dot_product_attention
+
+BLOCK = 256
+
+
+def matmuls_only(q, k, v, d_out):
+  """The seven tile products of causal attention fwd+bwd. q, k, v, d_out: [B, L, H, d]."""
+  b, length, h, d = q.shape
+  q, k, v, d_out = (x.transpose(0, 2, 1, 3).reshape(b * h, length, d) for x in (q, k, v, d_out))
+  pairs = [(i, j) for i in range(length // BLOCK) for j in range(i + 1)]
+  rows, cols = jnp.array([i for i, _ in pairs]), jnp.array([j for _, j in pairs])
+  tile = lambda x, start: lax.dynamic_slice_in_dim(x, start * BLOCK, BLOCK, 1)
+
+  def pair(t, carry):
+    o_i, d_q, d_k, d_v = carry
+    q_i, d_out_i, k_j, v_j = tile(q, rows[t]), tile(d_out, rows[t]), tile(k, cols[t]), tile(v, cols[t])
+    o_i = o_i + jnp.einsum("nqk,nkd->nqd", jnp.einsum("nqd,nkd->nqk", q_i, k_j), v_j)
+    s_t = jnp.einsum("nkd,nqd->nkq", k_j, q_i)
+    ds_t = s_t * jnp.einsum("nkd,nqd->nkq", v_j, d_out_i)
+    d_v = d_v + jnp.einsum("nkq,nqd->nkd", s_t, d_out_i)
+    d_k = d_k + jnp.einsum("nkq,nqd->nkd", ds_t, q_i)
+    d_q = d_q + jnp.einsum("nkq,nkd->nqd", ds_t, k_j)
+    return o_i, d_q, d_k, d_v
+
+  zeros = jnp.zeros((b * h, BLOCK, d), q.dtype)
+  return lax.fori_loop(0, len(pairs), pair, (zeros,) * 4)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--length", type=int, default=2048)
+  parser.add_argument("--repeats", type=int, default=5)
+  args = parser.parse_args()
+  import torch  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(os.cpu_count())
+  q, k, v, cotangent = inputs(4, args.length)
+  skeleton = jax.jit(matmuls_only)
+  chunked, _ = jax_step(lambda q, k, v: dot_product_attention(
+      q, k, v, is_causal=True, implementation="chunked"), q, k, v, cotangent)
+  ms = median_ms({"matmuls only": lambda: jax.block_until_ready(skeleton(q, k, v, cotangent)),
+                  "ours chunked": chunked,
+                  "torch": torch_step(q, k, v, cotangent)}, args.repeats, pause=0.3)
+  print(f"causal fwd+bwd, B=4, L={args.length}, H={HEADS}, d=64; medians of {args.repeats} rounds\n")
+  print("| implementation | time ms | time / torch |\n|---|---|---|")
+  for name, t in ms.items():
+    print(f"| {name} | {t:.0f} | {t / ms['torch']:.2f} |")
+
+
+if __name__ == "__main__":
+  main()
