@@ -1,0 +1,1 @@
+"""Runtime: the train loop, parallelism, checkpoints and metrics."""

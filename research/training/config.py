@@ -1,0 +1,25 @@
+"""The keys every experiment config shares; experiments add `task`, `model` and `data`."""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Shared defaults. Experiments override values, never derive them (see STYLE.md)."""
+  config = ml_collections.ConfigDict()
+  config.task = ""                    # research.tasks.<task> builds model, data, loss
+  config.seed = 0                     # parameters, data order, dropout
+  config.distributed = False          # call jax.distributed.initialize() (multi-host)
+
+  config.train = ml_collections.ConfigDict()
+  config.train.num_steps = 1000
+  config.train.batch_size = 64        # global, over all devices and hosts
+  config.train.learning_rate = 1e-3   # Adam(W), linear warm-up then cosine decay
+  config.train.warmup_steps = 0
+  config.train.weight_decay = 0.0
+  config.train.grad_clip_norm = 1.0   # 0 disables clipping
+  config.train.parallelism = "jit"    # "jit" (mesh + shardings) or "pmap"
+  config.train.log_every = 50
+  config.train.eval_every = 500
+  config.train.checkpoint_every = 500
+  config.train.keep_checkpoints = 3
+  return config

@@ -1,0 +1,102 @@
+"""Data parallelism over every device: `jit` over a mesh (default) or `pmap`.
+
+Both strategies take the same pure functions
+
+  step(state, batch) -> (state, metrics)         with `axis_name` for cross-device means
+  evaluate(params, batch) -> {name: (sum, sum)}
+
+and the same global batches (dicts of NumPy arrays [global_batch, ...]). Each host
+feeds only its own rows; the results are identical up to float reduction order.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from research.training.validation import ConfigError
+
+AXIS = "data"
+STRATEGIES = ("jit", "pmap")
+
+
+def check_batch_size(batch_size: int, key: str = "train.batch_size") -> None:
+  devices = jax.device_count()
+  if batch_size % devices:
+    raise ConfigError(f"config.{key}={batch_size} must be divisible by the number of devices "
+                      f"({devices}); allowed values are multiples of {devices}")
+
+
+def host_rows(batch: dict) -> dict:
+  """This process's contiguous share of a global batch."""
+  count, index = jax.process_count(), jax.process_index()
+  return jax.tree.map(lambda x: np.split(x, count)[index], batch)
+
+
+class MeshStrategy:
+  """`jit` with explicit shardings: state replicated, batch split along a 1-D mesh."""
+  axis_name = None      # jit sees global arrays: means over the batch are already global
+
+  def __init__(self):
+    self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
+    self.replicated = NamedSharding(self.mesh, PartitionSpec())
+    self.split = NamedSharding(self.mesh, PartitionSpec(AXIS))
+
+  def put_state(self, state):
+    return jax.device_put(state, self.replicated)
+
+  def put_batch(self, batch: dict):
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x),
+                        host_rows(batch))
+
+  def compile_step(self, step: Callable, state, batch) -> Callable:
+    return jax.jit(step, in_shardings=(self.replicated, self.split),
+                   out_shardings=(self.replicated, self.replicated),
+                   donate_argnums=0).lower(state, batch).compile()
+
+  def compile_eval(self, evaluate: Callable, params, batch) -> Callable:
+    return jax.jit(evaluate, in_shardings=(self.replicated, self.split),
+                   out_shardings=self.replicated).lower(params, batch).compile()
+
+  def host_state(self, state):
+    """The state as global arrays (what Orbax saves)."""
+    return state
+
+  def host_metrics(self, metrics):
+    return metrics
+
+
+class PmapStrategy:
+  """`pmap` over local devices: state replicated per device, batch [devices, per_device, ...]."""
+  axis_name = AXIS
+
+  def __init__(self):
+    self.devices = jax.local_devices()
+
+  def put_state(self, state):
+    return jax.device_put_replicated(state, self.devices)
+
+  def put_batch(self, batch: dict):
+    rows = host_rows(batch)
+    return jax.tree.map(lambda x: x.reshape(len(self.devices), -1, *x.shape[1:]), rows)
+
+  def compile_step(self, step: Callable, state, batch) -> Callable:
+    return jax.pmap(step, axis_name=AXIS, donate_argnums=0).lower(state, batch).compile()
+
+  def compile_eval(self, evaluate: Callable, params, batch) -> Callable:
+    return jax.pmap(evaluate, axis_name=AXIS).lower(params, batch).compile()
+
+  def host_state(self, state):
+    return jax.tree.map(lambda x: x[0], state)
+
+  def host_metrics(self, metrics):
+    return jax.tree.map(lambda x: x[0], metrics)
+
+
+def make_strategy(name: str) -> Any:
+  if name not in STRATEGIES:
+    raise ConfigError(f"config.train.parallelism={name!r} is not allowed; choose one of: "
+                      f"{', '.join(map(repr, STRATEGIES))}")
+  return MeshStrategy() if name == "jit" else PmapStrategy()

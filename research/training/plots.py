@@ -1,0 +1,42 @@
+"""PNG figures for the workdir: loss curves and attention heatmaps (matplotlib, Agg)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from research.training.task import Heatmap  # noqa: E402
+
+
+def plot_curves(history: list[dict], path: str, names=("train/loss", "eval/loss")) -> None:
+  """Draws each metric in `names` against `step` from metrics.jsonl records."""
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for name in names:
+    points = [(r["step"], r[name]) for r in history if name in r]
+    if points:
+      ax.plot(*zip(*points), label=name, marker="." if len(points) < 30 else None)
+  ax.set_xlabel("step")
+  ax.set_yscale("log" if all(r.get(n, 1) > 0 for r in history for n in names) else "linear")
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_heatmap(heatmap: Heatmap, path: str) -> None:
+  """Weights [rows, cols] with token labels; rows are outputs, columns inputs."""
+  values = np.asarray(heatmap.values, np.float32)
+  rows, cols = values.shape
+  fig, ax = plt.subplots(figsize=(max(4, 0.3 * cols + 1.5), max(3, 0.3 * rows + 1)))
+  image = ax.imshow(values, cmap="viridis", vmin=0, aspect="auto")
+  ax.set_xticks(range(cols), heatmap.col_labels, fontsize=8)
+  ax.set_yticks(range(rows), heatmap.row_labels, fontsize=8)
+  ax.set_xlabel("source")
+  ax.set_ylabel("output")
+  ax.set_title(heatmap.title, fontsize=9)
+  fig.colorbar(image, ax=ax)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

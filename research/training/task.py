@@ -1,0 +1,52 @@
+"""The contract between an experiment and the train loop.
+
+Each `research.tasks.<name>` module (named by `config.task`) provides
+
+  validate(config) -> None     raises ConfigError naming the key and the allowed values
+  build(config) -> Task        model, data and pure loss / evaluation functions
+
+and the loop does the rest (devices, optimizer, checkpoints, metrics). Everything in
+a Task except the data streams is a pure function of parameters, batches and keys.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+from research.data.stream import Batch, Stream
+
+Params = Any
+Array = jax.Array
+
+
+class Heatmap(NamedTuple):
+  """A matrix to draw, e.g. attention weights [target_len, source_len]."""
+  values: Any                    # [rows, cols]
+  row_labels: list[str]
+  col_labels: list[str]
+  title: str = ""
+
+
+class Report(NamedTuple):
+  """What a task computes once training ends, beyond the periodic evaluation."""
+  metrics: dict[str, float]                        # e.g. {"test/exact_match_beam": 0.99}
+  heatmaps: dict[str, Heatmap] = {}                # file stem -> heatmap (drawn to PNG)
+  texts: dict[str, str] = {}                       # file name -> content (e.g. predictions)
+
+
+class Task(NamedTuple):
+  init: Callable[[Array], Params]
+  # init(rng) -> params.
+  train_data: Stream
+  # global batches of config.train.batch_size; its state is checkpointed.
+  eval_data: list[Batch]
+  # fixed evaluation batches of config.train.batch_size, each with a float `weight` [B].
+  loss: Callable[[Params, Batch, Array], tuple[Array, dict[str, Array]]]
+  # loss(params, batch, rng) -> (scalar mean loss, {name: scalar}) on a training batch;
+  # rng drives dropout / sampling. Metric names carry no prefix ("accuracy").
+  evaluate: Callable[[Params, Batch], dict[str, tuple[Array, Array]]]
+  # evaluate(params, batch) -> {name: (numerator [B], denominator [B])}; the loop
+  # reports Σ weight·numerator / Σ weight·denominator over the evaluation set.
+  report: Callable[[Params], Report] | None = None
+  # report(params) after the last step (decoding, sample predictions, heatmaps).

@@ -1,0 +1,72 @@
+"""Train state, optimizer and the pure update / evaluation steps."""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax import lax
+
+from research.training.task import Task
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array                 # int32 scalar: updates applied so far
+  params: Any
+  opt_state: Any
+
+
+def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warm-up from 0 over `warmup_steps`, then cosine decay to 0 at `num_steps`."""
+  return optax.warmup_cosine_decay_schedule(
+      0.0, train.learning_rate, train.warmup_steps, max(train.num_steps, train.warmup_steps + 1))
+
+
+def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW on the schedule, after clipping the global gradient norm (if grad_clip_norm > 0)."""
+  adamw = optax.adamw(learning_rate_schedule(train), weight_decay=train.weight_decay)
+  if train.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(train.grad_clip_norm), adamw)
+  return adamw
+
+
+def init_state(task: Task, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+  params = task.init(rng)
+  return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+
+
+def make_train_step(task: Task, optimizer, schedule, rng: jax.Array, axis_name: str | None
+                    ) -> Callable:
+  """step(state, batch) -> (state, metrics). The key of step n is fold_in(rng, n), so a
+  resumed run draws the same dropout masks; under pmap each device folds in its index."""
+
+  def step(state: TrainState, batch):
+    step_rng = jax.random.fold_in(rng, state.step)
+    if axis_name is not None:
+      step_rng = jax.random.fold_in(step_rng, lax.axis_index(axis_name))
+    (loss, metrics), grads = jax.value_and_grad(task.loss, has_aux=True)(
+        state.params, batch, step_rng)
+    metrics = {"loss": loss, **metrics}
+    if axis_name is not None:
+      grads, metrics = lax.pmean((grads, metrics), axis_name)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    metrics |= {"grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step)}
+    return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), metrics
+
+  return step
+
+
+def make_eval_step(task: Task, axis_name: str | None) -> Callable:
+  """evaluate(params, batch) -> {name: (Σ weight·numerator, Σ weight·denominator)}."""
+
+  def evaluate(params, batch):
+    weight = batch["weight"]
+    sums = {name: (jnp.sum(weight * num), jnp.sum(weight * den))
+            for name, (num, den) in task.evaluate(params, batch).items()}
+    return sums if axis_name is None else lax.psum(sums, axis_name)
+
+  return evaluate

@@ -1,0 +1,117 @@
+"""Configuration errors raised before anything is compiled."""
+
+from collections.abc import Iterable
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """A bad configuration value: the message names the key and what is allowed."""
+
+
+def get(config: ml_collections.ConfigDict, key: str):
+  """config['a.b.c'] for a dotted key."""
+  value = config
+  for part in key.split("."):
+    value = value[part]
+  return value
+
+
+def check_choice(config, key: str, allowed: Iterable) -> None:
+  allowed = list(allowed)
+  value = get(config, key)
+  if value not in allowed:
+    raise ConfigError(f"config.{key}={value!r} is not allowed; choose one of: "
+                      f"{', '.join(map(repr, allowed))}")
+
+
+def check_positive(config, *keys: str, allow_zero: bool = False) -> None:
+  for key in keys:
+    value = get(config, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+        value == 0 and not allow_zero):
+      bound = ">= 0" if allow_zero else "> 0"
+      raise ConfigError(f"config.{key}={value!r} must be a number {bound}")
+
+
+def check_divides(config, divisor_key: str, key: str) -> None:
+  """get(key) must be a multiple of get(divisor_key)."""
+  divisor, value = get(config, divisor_key), get(config, key)
+  if value % divisor:
+    raise ConfigError(f"config.{divisor_key}={divisor} must divide config.{key}={value}")
+
+
+TRAIN_POSITIVE = ("num_steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
+                  "keep_checkpoints", "learning_rate")
+TRAIN_NON_NEGATIVE = ("warmup_steps", "weight_decay", "grad_clip_norm")
+
+
+def check_shared(config) -> None:
+  """The keys of research.training.config.base_config(), checked before any compilation."""
+  check_positive(config, *(f"train.{k}" for k in TRAIN_POSITIVE))
+  check_positive(config, *(f"train.{k}" for k in TRAIN_NON_NEGATIVE), allow_zero=True)
+  for key in ("seed", *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
+              "train.warmup_steps"):
+    if not isinstance(get(config, key), int) or isinstance(get(config, key), bool):
+      raise ConfigError(f"config.{key}={get(config, key)!r} must be an int")
+  check_divides(config, "train.log_every", "train.checkpoint_every")
+  check_choice(config, "train.parallelism", ("jit", "pmap"))
+
+
+def _children(config, prefix: str) -> list[str]:
+  node = get(config, prefix) if prefix else config
+  return sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+
+
+def check_key(config, key: str) -> None:
+  """key must name an existing leaf; the message lists the keys next to it."""
+  parts = key.split(".")
+  for depth in range(len(parts)):
+    prefix = ".".join(parts[:depth])
+    if parts[depth] not in _children(config, prefix):
+      where = f"under config.{prefix}" if prefix else "at the top level"
+      raise ConfigError(f"unknown config key config.{key}; keys {where}: "
+                        f"{', '.join(_children(config, prefix))}")
+  if isinstance(get(config, key), ml_collections.ConfigDict):
+    raise ConfigError(f"config.{key} is a group, not a value; its keys: "
+                      f"{', '.join(_children(config, key))}")
+
+
+def parse_value(config, key: str, text: str):
+  """Parses a command-line value to the type of config.key's default."""
+  check_key(config, key)
+  default = get(config, key)
+  kind = type(default)
+  try:
+    if kind is bool:
+      if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError
+      return text.lower() in ("true", "1")
+    if kind in (int, float):
+      return kind(text)
+  except ValueError:
+    raise ConfigError(f"config.{key}={text!r} must be of type {kind.__name__} "
+                      f"(like its default {default!r})") from None
+  return text
+
+
+def apply_overrides(config, overrides: dict) -> ml_collections.ConfigDict:
+  """A copy of config with {dotted key: value} set; unknown keys and wrong types fail."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key, value in overrides.items():
+    value = parse_value(config, key, value) if isinstance(value, str) else value
+    check_key(config, key)
+    _check_type(key, get(config, key), value)
+    parent, _, leaf = key.rpartition(".")
+    (get(config, parent) if parent else config)[leaf] = value
+  return config
+
+
+def _check_type(key: str, default, value) -> None:
+  if default is None:
+    return
+  expected = float if isinstance(default, float) else type(default)
+  ok = isinstance(value, expected) and isinstance(value, bool) == isinstance(default, bool)
+  ok |= expected is float and isinstance(value, int) and not isinstance(value, bool)
+  if not ok:
+    raise ConfigError(f"config.{key}={value!r} must be of type {expected.__name__}")
