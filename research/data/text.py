@@ -74,9 +74,12 @@ class Vocabulary:
         tokens.append(self.tokens[i])
     return tokens
 
+  def to_json(self) -> str:
+    return json.dumps({"tokens": self.tokens}, ensure_ascii=False, indent=0)
+
   def save(self, path: str | os.PathLike) -> None:
     with open(path, "w", encoding="utf-8") as f:
-      json.dump({"tokens": self.tokens}, f, ensure_ascii=False, indent=0)
+      f.write(self.to_json())
 
   @classmethod
   def load(cls, path: str | os.PathLike) -> "Vocabulary":

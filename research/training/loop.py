@@ -7,12 +7,12 @@ import os
 import pkgutil
 import signal
 import statistics
+import sys
 import threading
 import time
 
 import jax
 import numpy as np
-from absl import logging
 
 import research.tasks
 from research.training import parallel, plots
@@ -65,6 +65,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # ---- Task, optimizer, initial state --------------------------------------------------
   strategy = parallel.make_strategy(train.parallelism)
   task = task_module(config).build(config)
+  _write_files(task.files, workdir)
   optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   state = jax.jit(lambda rng: init_state(task, optimizer, rng))(init_rng)
@@ -75,7 +76,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if restored is not None:
     start, state, data_state = restored
     task.train_data.set_state(data_state)
-    logging.info("resuming from the checkpoint at step %d", start)
+    if jax.process_index() == 0:
+      print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
   writer = MetricsWriter(workdir)
   writer.truncate(start)
   state = strategy.put_state(state)
@@ -202,6 +204,12 @@ def _write_report(report, workdir: str) -> None:
     return
   for stem, heatmap in report.heatmaps.items():
     plots.plot_heatmap(heatmap, os.path.join(workdir, f"{stem}.png"))
-  for name, text in report.texts.items():
-    with open(os.path.join(workdir, name), "w") as f:
+  _write_files(report.texts, workdir)
+
+
+def _write_files(texts: dict[str, str], workdir: str) -> None:
+  if jax.process_index() != 0:
+    return
+  for name, text in texts.items():
+    with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
       f.write(text)

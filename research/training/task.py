@@ -50,3 +50,5 @@ class Task(NamedTuple):
   # reports Σ weight·numerator / Σ weight·denominator over the evaluation set.
   report: Callable[[Params], Report] | None = None
   # report(params) after the last step (decoding, sample predictions, heatmaps).
+  files: dict[str, str] = {}
+  # file name -> content, written into the workdir at the start (e.g. vocabularies).

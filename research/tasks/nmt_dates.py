@@ -1,0 +1,245 @@
+"""The nmt_dates experiment: seq2seq with attention from dates in many locales to ISO.
+
+Data (config.data): with `corpus` empty, dates rendered by babel from CLDR
+(research/data/dates.py; splits disjoint by date); otherwise the user's own
+`source<TAB>target` file, shuffled with the seed and split 90/5/5. Tokens are characters
+(dates) or config.data.level. Vocabularies come from the training split and are written
+into the workdir (source_vocab.json, target_vocab.json).
+
+Training minimises the cross-entropy of teacher-forced logits over the target tokens
+(target + EOS). Periodic evaluation on the validation split reports the loss, token
+accuracy (teacher forced) and greedy exact match. The final report decodes the test
+split greedily and with beam search: token accuracy, exact match, exact match by source
+length bucket, sample predictions (predictions.tsv) and attention heatmaps.
+"""
+
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from research.attention import SCORE_FUNCTIONS, reinforce_surrogate
+from research.data import dates
+from research.data.stream import ShuffledStream, eval_batches
+from research.data.text import (
+  BOS,
+  EOS,
+  LEVELS,
+  Vocabulary,
+  detokenize,
+  encode_pairs,
+  read_parallel_corpus,
+  tokenize,
+)
+from research.models.decoding import beam_search, greedy_decode
+from research.models.seq2seq import ATTENTIONS, CELLS, HARD_TRAINING, STYLES, Seq2Seq
+from research.training.task import Heatmap, Report, Task
+from research.training.validation import ConfigError, check_choice, check_positive
+
+LENGTH_BUCKETS = (0, 10, 20, 30, 1000)        # source tokens: [0, 10), [10, 20), ...
+CORPUS_SPLITS = {"train": 0.9, "validation": 0.05, "test": 0.05}
+HEATMAP_LOCALES = ("ru", "el", "ar", "fr", "de", "uk")   # scripts DejaVu Sans can draw
+
+
+def validate(config) -> None:
+  m, d = config.model, config.data
+  check_choice(config, "model.cell", CELLS)
+  check_choice(config, "model.attention", ATTENTIONS)
+  check_choice(config, "model.style", STYLES)
+  check_choice(config, "model.score", SCORE_FUNCTIONS)
+  check_choice(config, "model.hard_training", HARD_TRAINING)
+  check_choice(config, "data.level", LEVELS)
+  check_positive(config, "model.embed_size", "model.hidden_size", "model.encoder_layers",
+                 "model.local_window", "data.train_examples", "data.eval_examples",
+                 "data.test_examples", "decode.beam_size")
+  check_positive(config, "model.dropout", "decode.length_penalty", allow_zero=True)
+  if m.bidirectional and m.hidden_size % 2:
+    raise ConfigError(f"config.model.hidden_size={m.hidden_size} must be even with "
+                      "config.model.bidirectional=True (hidden_size / 2 per direction)")
+  if m.input_feeding and m.style == "bahdanau":
+    raise ConfigError("config.model.input_feeding=True needs config.model.style='luong' "
+                      "(Bahdanau feeds the context c_t already); allowed with 'bahdanau': False")
+  if d.corpus and not os.path.isfile(d.corpus):
+    raise ConfigError(f"config.data.corpus={d.corpus!r} is not a file; give a "
+                      "source<TAB>target file, or '' for the generated dates")
+  unknown = set(_locales(config)) - set(dates.LOCALES)
+  if unknown:
+    raise ConfigError(f"config.data.locales has unknown locales {sorted(unknown)}; allowed: "
+                      f"'all' or a comma-separated subset of {', '.join(dates.LOCALES)}")
+
+
+class Data(NamedTuple):
+  splits: dict[str, dict[str, np.ndarray]]     # split -> encode_pairs arrays
+  groups: dict[str, list[str]]                 # split -> locale of each example ('' corpus)
+  source_vocab: Vocabulary
+  target_vocab: Vocabulary
+  level: str
+
+
+def _locales(config) -> tuple[str, ...]:
+  text = config.data.locales
+  return dates.LOCALES if text == "all" else tuple(x.strip() for x in text.split(","))
+
+
+def load_data(config) -> Data:
+  d = config.data
+  sizes = {"train": d.train_examples, "validation": d.eval_examples, "test": d.test_examples}
+  if d.corpus:
+    level, pairs = d.level, read_parallel_corpus(d.corpus, d.level)
+    order = np.random.default_rng(config.seed).permutation(len(pairs))
+    ends = np.cumsum([int(f * len(pairs)) for f in CORPUS_SPLITS.values()])
+    ends[-1] = len(pairs)
+    parts = np.split(order, ends[:-1])
+    tokens = {s: [pairs[i] for i in part] for s, part in zip(CORPUS_SPLITS, parts, strict=True)}
+    groups = {s: [""] * len(t) for s, t in tokens.items()}
+  else:
+    level, tokens, groups = "char", {}, {}
+    for split, size in sizes.items():
+      records = dates.date_records(split, size, config.seed, _locales(config))
+      tokens[split] = [(tokenize(r.source, level), tokenize(r.target, level)) for r in records]
+      groups[split] = [r.locale for r in records]
+  source_vocab = Vocabulary.build(s for s, _ in tokens["train"])
+  target_vocab = Vocabulary.build(t for _, t in tokens["train"])
+  longest_source = max(len(s) for pairs in tokens.values() for s, _ in pairs)
+  longest_target = max(len(t) for pairs in tokens.values() for _, t in pairs)
+  splits = {s: encode_pairs(p, source_vocab, target_vocab, longest_source, longest_target)
+            for s, p in tokens.items()}
+  return Data(splits, groups, source_vocab, target_vocab, level)
+
+
+def make_model(config, data: Data) -> Seq2Seq:
+  m = config.model
+  return Seq2Seq(
+      source_vocab_size=data.source_vocab.size, target_vocab_size=data.target_vocab.size,
+      embed_size=m.embed_size, hidden_size=m.hidden_size, cell=m.cell,
+      encoder_layers=m.encoder_layers, bidirectional=m.bidirectional, attention=m.attention,
+      style=m.style, input_feeding=m.input_feeding, local_window=m.local_window,
+      dropout=m.dropout, score=m.score, hard_training=m.hard_training,
+      max_source_length=data.splits["train"]["source"].shape[1])
+
+
+def token_losses(logits, batch):
+  """Cross-entropy and correctness [B, T+1] of teacher-forced logits, and the target mask."""
+  targets = batch["target_out"]
+  mask = jnp.arange(targets.shape[1]) < batch["target_lengths"][:, None]
+  cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  correct = jnp.argmax(logits, -1) == targets
+  return cross_entropy * mask, correct & mask, mask
+
+
+def decoded_metrics(tokens, batch) -> dict[str, tuple]:
+  """Token accuracy and exact match of decoded tokens [B, T+1] against target + EOS."""
+  targets = batch["target_out"]
+  mask = jnp.arange(targets.shape[1]) < batch["target_lengths"][:, None]
+  tokens = tokens[:, :targets.shape[1]]
+  count = mask.sum(1).astype(jnp.float32)
+  correct = ((tokens == targets) & mask).sum(1).astype(jnp.float32)
+  exact = jnp.all((tokens == targets) | ~mask, axis=1) & jnp.all(
+      jnp.where(mask, True, tokens == 0), axis=1)
+  return {"token_accuracy": (correct, count),
+          "exact_match": (exact.astype(jnp.float32), jnp.ones_like(count))}
+
+
+def build(config) -> Task:
+  data = load_data(config)
+  model = make_model(config, data)
+  max_len = data.splits["train"]["target_out"].shape[1]
+  example = jax.tree.map(lambda x: jnp.asarray(x[:1]), data.splits["train"])
+  reinforce = config.model.attention == "hard" and config.model.hard_training == "reinforce"
+
+  def init(rng):
+    return model.init(rng, example["source"], example["source_lengths"],
+                      example["target_in"])["params"]
+
+  def loss(params, batch, rng):
+    dropout_rng, attention_rng = jax.random.split(rng)
+    (logits, _), state = model.apply(
+        {"params": params}, batch["source"], batch["source_lengths"], batch["target_in"],
+        train=True, rngs={"dropout": dropout_rng, "attention": attention_rng},
+        mutable=["intermediates"])
+    cross_entropy, correct, mask = token_losses(logits, batch)
+    total = cross_entropy.sum() / mask.sum()
+    metrics = {"token_accuracy": correct.sum() / mask.sum()}
+    if reinforce:     # REINFORCE for the sampled positions, reward −NLL, batch-mean baseline
+      log_prob = state["intermediates"]["decoder"]["attention_log_prob"][0]
+      log_prob = (log_prob * mask).sum(1)
+      reward = -cross_entropy.sum(1)
+      total = total - reinforce_surrogate(log_prob, reward, reward.mean())
+    return total, metrics
+
+  def evaluate(params, batch):
+    logits, _ = model.apply({"params": params}, batch["source"], batch["source_lengths"],
+                            batch["target_in"])
+    cross_entropy, correct, mask = token_losses(logits, batch)
+    count = mask.sum(1).astype(jnp.float32)
+    tokens, _ = greedy_decode(model, params, batch["source"], batch["source_lengths"],
+                              bos_id=BOS, eos_id=EOS, max_len=max_len)
+    return {"loss": (cross_entropy.sum(1), count),
+            "teacher_forced_accuracy": (correct.sum(1).astype(jnp.float32), count),
+            "exact_match": decoded_metrics(tokens, batch)["exact_match"]}
+
+  def report(params) -> Report:
+    return test_report(config, model, params, data, max_len)
+
+  files = {"source_vocab.json": data.source_vocab.to_json(),
+           "target_vocab.json": data.target_vocab.to_json()}
+  return Task(init=init,
+              train_data=ShuffledStream(data.splits["train"], config.train.batch_size,
+                                        config.seed),
+              eval_data=eval_batches(data.splits["validation"], config.train.batch_size),
+              loss=loss, evaluate=evaluate, report=report, files=files)
+
+
+def test_report(config, model, params, data: Data, max_len: int) -> Report:
+  """Greedy and beam decoding of the test split: metrics, predictions and heatmaps."""
+  test, groups = data.splits["test"], data.groups["test"]
+  decoded = {"greedy": [], "beam": [], "weights": []}
+  for batch in eval_batches(test, config.train.batch_size):
+    args = (model, params, jnp.asarray(batch["source"]), jnp.asarray(batch["source_lengths"]))
+    tokens, weights = greedy_decode(*args, bos_id=BOS, eos_id=EOS, max_len=max_len)
+    beam, _ = beam_search(*args, beam_size=config.decode.beam_size, bos_id=BOS, eos_id=EOS,
+                          max_len=max_len, length_penalty=config.decode.length_penalty)
+    real = batch["weight"] > 0
+    decoded["greedy"].append(np.asarray(tokens)[real])
+    decoded["beam"].append(np.asarray(beam)[real])
+    decoded["weights"].append(np.asarray(weights)[real])
+  decoded = {k: np.concatenate(v) for k, v in decoded.items()}
+
+  metrics = {}
+  lengths = test["source_lengths"]
+  for method in ("greedy", "beam"):
+    per_example = jax.device_get(decoded_metrics(jnp.asarray(decoded[method]), test))
+    for name, (num, den) in per_example.items():
+      metrics[f"test/{name}_{method}"] = float(num.sum() / den.sum())
+    exact = per_example["exact_match"][0]
+    for lo, hi in zip(LENGTH_BUCKETS[:-1], LENGTH_BUCKETS[1:]):
+      inside = (lengths >= lo) & (lengths < hi)
+      if inside.any():
+        metrics[f"test/exact_match_{method}_len_{lo}-{hi - 1}"] = float(exact[inside].mean())
+
+  text = lambda vocab, ids: detokenize(vocab.decode(ids), data.level)
+  rows = ["source\ttarget\tgreedy\tbeam\tlocale"]
+  for n in range(min(config.report.num_predictions, len(lengths))):
+    rows.append("\t".join([text(data.source_vocab, test["source"][n]),
+                           text(data.target_vocab, test["target_out"][n]),
+                           text(data.target_vocab, decoded["greedy"][n]),
+                           text(data.target_vocab, decoded["beam"][n]), groups[n]]))
+
+  heatmaps = {}
+  for n in _heatmap_examples(groups, config.report.num_heatmaps):
+    source = data.source_vocab.decode(test["source"][n][:lengths[n]])
+    output = [*data.target_vocab.decode(decoded["greedy"][n]), "<eos>"]
+    heatmaps[f"attention_{n}_{groups[n] or 'corpus'}"] = Heatmap(
+        decoded["weights"][n][:len(output), :len(source)], output, source,
+        title=f"{''.join(source)} → {''.join(output[:-1])}")
+  return Report(metrics, heatmaps, {"predictions.tsv": "\n".join(rows) + "\n"})
+
+
+def _heatmap_examples(groups: list[str], count: int) -> list[int]:
+  """The first test example of each locale in HEATMAP_LOCALES (Cyrillic, Greek, Arabic and
+  Latin scripts); for a user's corpus, the first examples."""
+  chosen = [groups.index(g) for g in HEATMAP_LOCALES if g in groups]
+  return (chosen or list(range(len(groups))))[:count]
