@@ -12,11 +12,11 @@ import json
 import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "sequence_tasks.py")
+DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
 
 _CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "experiment config file[:args]",
                                           lock_config=True)
@@ -63,6 +63,8 @@ def parse_flags(argv: list[str]):
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)     # Orbax logs every save at INFO
   config = _CONFIG.value
   if config.distributed:
     import jax

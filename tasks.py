@@ -1,6 +1,6 @@
 """Set up the project's virtual environment if needed, then run one task in it.
 
-    python3 tasks.py main     # the main job (default experiment)
+    python3 tasks.py main     # the main job: launch.py's default experiment (nmt_dates)
     python3 tasks.py test     # the test suite (extra arguments go to pytest)
     python3 tasks.py bench [recurrent|attention] [args]   # benchmarks/ (default: both)
 
@@ -22,7 +22,7 @@ PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 TASKS = {
     # name: (pip extras, command run inside the environment)
-    "main": ("", ["examples/adding_problem.py"]),
+    "main": ("", ["launch.py"]),   # extra arguments go to launch.py
     "test": ("test", ["-m", "pytest"]),
     "bench": ("test", []),   # the command is benchmarks/NAME.py, see `benchmark_commands`
 }

@@ -8,7 +8,8 @@ The default main job (README). Run it, or a variant, with
 
 Default: bidirectional LSTM encoder, Bahdanau decoder with additive attention.
 Expected: ≥ 99% exact match on held-out test dates (greedy and beam), in about
-TIME minutes on a 2-core CPU. See README for the variant table.
+4 minutes on a 2-core CPU (1000 steps of batch 128 at ~5.6 steps/s;
+measured 100% greedy and beam exact match on 2000 test dates, 215 s in all). See README for the variant table.
 
 Variant arguments (comma-separated key=value):
   attention  none | dot | scaled_dot | general | additive | concat | location
@@ -46,13 +47,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variant = parse_variant(arg)
   config = base_config()
   config.task = "nmt_dates"
-  config.train.num_steps = 3000
+  config.train.num_steps = 1000
   config.train.batch_size = 128
   config.train.learning_rate = 3e-3
   config.train.warmup_steps = 100
-  config.train.log_every = 100
-  config.train.eval_every = 1000
-  config.train.checkpoint_every = 500
+  config.train.log_every = 50
+  config.train.eval_every = 250
+  config.train.checkpoint_every = 250
 
   config.data = ml_collections.ConfigDict()
   config.data.corpus = ""                 # '' = generated dates; else a source<TAB>target file

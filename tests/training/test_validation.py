@@ -1,0 +1,47 @@
+"""Config overrides: unknown keys and wrong types name the key and what is allowed."""
+
+import pytest
+
+from research.training.config import base_config
+from research.training.validation import ConfigError, apply_overrides, check_shared, parse_value
+
+
+def test_unknown_key_lists_the_neighbouring_keys():
+  with pytest.raises(ConfigError, match=r"config\.train\.num_step;.*num_steps"):
+    parse_value(base_config(), "train.num_step", "3")
+  with pytest.raises(ConfigError, match=r"keys at the top level: .*train"):
+    parse_value(base_config(), "trian.num_steps", "3")
+
+
+def test_values_parse_to_the_default_type():
+  config = base_config()
+  assert parse_value(config, "train.num_steps", "12") == 12
+  assert parse_value(config, "train.learning_rate", "3e-4") == pytest.approx(3e-4)
+  assert parse_value(config, "distributed", "true") is True
+  for key, text in [("train.num_steps", "ten"), ("train.num_steps", "1.5"),
+                    ("distributed", "maybe")]:
+    with pytest.raises(ConfigError, match=rf"config\.{key}=.*must be of type"):
+      parse_value(config, key, text)
+
+
+def test_apply_overrides_copies_and_checks_types():
+  config = base_config()
+  changed = apply_overrides(config, {"train.batch_size": 8, "train.learning_rate": 1})
+  assert (changed.train.batch_size, changed.train.learning_rate) == (8, 1)
+  assert config.train.batch_size == 64
+  with pytest.raises(ConfigError, match="must be of type int"):
+    apply_overrides(config, {"train.batch_size": "eight"})
+  with pytest.raises(ConfigError, match="is a group"):
+    apply_overrides(config, {"train": 1})
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("train.num_steps", 0, r"train\.num_steps=0 must be a number > 0"),
+    ("train.batch_size", -4, r"train\.batch_size=-4 must be a number > 0"),
+    ("train.warmup_steps", -1, r"train\.warmup_steps=-1 must be a number >= 0"),
+    ("train.parallelism", "vmap", r"parallelism='vmap' is not allowed; choose one of: 'jit', 'pmap'"),
+    ("train.checkpoint_every", 75, r"train\.log_every=50 must divide config\.train\.checkpoint_every=75"),
+])
+def test_shared_checks(key, value, message):
+  with pytest.raises(ConfigError, match=message):
+    check_shared(apply_overrides(base_config(), {key: value}))
