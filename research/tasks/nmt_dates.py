@@ -231,10 +231,11 @@ def test_report(config, model, params, data: Data, max_len: int) -> Report:
   heatmaps = {}
   for n in _heatmap_examples(groups, config.report.num_heatmaps):
     source = data.source_vocab.decode(test["source"][n][:lengths[n]])
-    output = [*data.target_vocab.decode(decoded["greedy"][n]), "<eos>"]
+    ids = decoded["greedy"][n].tolist()
+    output = [data.target_vocab.tokens[i] for i in ids[:ids.index(EOS) + 1 if EOS in ids else None]]
     heatmaps[f"attention_{n}_{groups[n] or 'corpus'}"] = Heatmap(
         decoded["weights"][n][:len(output), :len(source)], output, source,
-        title=f"{''.join(source)} → {''.join(output[:-1])}")
+        title=f"{''.join(source)} → {text(data.target_vocab, ids)}")
   return Report(metrics, heatmaps, {"predictions.tsv": "\n".join(rows) + "\n"})
 
 

@@ -54,7 +54,7 @@ def make_train_step(task: Task, optimizer, schedule, rng: jax.Array, axis_name: 
     if axis_name is not None:
       grads, metrics = lax.pmean((grads, metrics), axis_name)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    metrics |= {"grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step)}
+    metrics |= {"grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), metrics
 
   return step
