@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -48,8 +50,7 @@ import tempfile
 from IPython.display import Image, Markdown, display
 
 import nmt_dates
-from research.training.loop import train_and_evaluate
-from research.training.validation import apply_overrides
+from research.training import apply_overrides, train_and_evaluate
 
 QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
 SIZE = ({"data.train_examples": 512, "data.eval_examples": 64, "data.test_examples": 64,
