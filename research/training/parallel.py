@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -76,7 +77,9 @@ class PmapStrategy:
     self.devices = jax.local_devices()
 
   def put_state(self, state):
-    return jax.device_put_replicated(state, self.devices)
+    """A copy per device along a new leading axis, which pmap splits over the devices."""
+    count = len(self.devices)
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (count, *jnp.shape(x))), state)
 
   def put_batch(self, batch: dict):
     rows = host_rows(batch)
