@@ -22,29 +22,13 @@ A user's own parallel corpus: --config.data.corpus=path/to/pairs.tsv [--config.d
 
 import ml_collections
 
-from research.training.config import base_config
-from research.training.validation import ConfigError
+from research.training.config import base_config, parse_variants
 
 VARIANTS = {"attention": "additive", "cell": "lstm", "style": "bahdanau", "input_feeding": "false"}
-BOOLEANS = {"true": True, "false": False}
-
-
-def parse_variant(arg: str | None) -> dict:
-  """'attention=dot,cell=gru' -> {'attention': 'dot', 'cell': 'gru', ...defaults}."""
-  chosen = dict(VARIANTS)
-  for item in filter(None, (arg or "").split(",")):
-    key, _, value = item.partition("=")
-    if key not in VARIANTS:
-      raise ConfigError(f"unknown variant {key!r} in --config ...:{arg}; allowed: "
-                        f"{', '.join(VARIANTS)}")
-    chosen[key] = value
-  if chosen["input_feeding"] not in BOOLEANS:
-    raise ConfigError(f"variant input_feeding={chosen['input_feeding']!r}; allowed: true, false")
-  return chosen
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variant = parse_variant(arg)
+  variant = parse_variants(arg, VARIANTS, {"input_feeding": ("true", "false")})
   config = base_config()
   config.task = "nmt_dates"
   config.train.num_steps = 1000
@@ -67,7 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.cell = variant["cell"]
   config.model.attention = variant["attention"]
   config.model.style = variant["style"]
-  config.model.input_feeding = BOOLEANS[variant["input_feeding"]]
+  config.model.input_feeding = variant["input_feeding"] == "true"
   config.model.embed_size = 64
   config.model.hidden_size = 128
   config.model.encoder_layers = 1

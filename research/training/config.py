@@ -2,6 +2,8 @@
 
 import ml_collections
 
+from research.training.validation import ConfigError
+
 
 def base_config() -> ml_collections.ConfigDict:
   """Shared defaults. Experiments override values, never derive them (see STYLE.md)."""
@@ -23,3 +25,24 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.checkpoint_every = 500
   config.train.keep_checkpoints = 3
   return config
+
+
+def parse_variants(arg: str | None, defaults: dict[str, str],
+                   choices: dict[str, tuple[str, ...]] | None = None) -> dict[str, str]:
+  """The variant argument of get_config: 'a=x,b=y' -> defaults with a and b replaced.
+
+  Names outside `defaults`, and values outside choices[name] where given, raise
+  ConfigError naming what is allowed.
+  """
+  chosen = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    name, _, value = item.partition("=")
+    if name not in defaults:
+      raise ConfigError(f"unknown variant {name!r} in --config ...:{arg}; allowed: "
+                        f"{', '.join(defaults)}")
+    chosen[name] = value
+  for name, allowed in (choices or {}).items():
+    if chosen[name] not in allowed:
+      raise ConfigError(f"variant {name}={chosen[name]!r} is not allowed; choose one of: "
+                        f"{', '.join(allowed)}")
+  return chosen
