@@ -106,7 +106,8 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
     key_pos = key_start + jnp.arange(width)
     visible &= ((key_pos >= 0) & (key_pos < kv_len))[None, None, :]                  # slab padding
     visible = visible[:, None, None]                                                 # [b|1, 1, 1, bq, W]
-    at_block = lambda x: x if x.shape[3] == 1 else jax.lax.dynamic_index_in_dim(x, i, 3, False)
+    # block i's rows of a banded mask / bias [.., nb|1, bq|1, W|1] (index 0 when broadcast)
+    at_block = lambda x: jax.lax.dynamic_index_in_dim(x, i if x.shape[3] > 1 else 0, 3, False)
     if band_mask is not None:
       visible = visible & at_block(band_mask)
     if band_bias is not None:

@@ -218,3 +218,16 @@ def test_visibility_block_ranges_cover_exactly_the_visible_keys():
     all_see = np.nonzero(dense[q_start:q_start + 8].all(0))[0]
     if len(all_see):
       assert (full_first, min(full_last, 40)) == (all_see.min(), all_see.max() + 1)
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 2, 8, 35), (2, 1, 1, 35), (1, 1, 8, 1)])
+def test_banded_with_a_single_query_block_reads_its_bias(bias_shape):
+  """q_len ≤ block: one query block, whose bias rows must not be taken for a broadcast."""
+  q, k, v = _inputs(0, 2, 8, 35, 2, 2, 8, jnp.float32)
+  bias = jnp.asarray(np.random.default_rng(1).standard_normal(bias_shape), jnp.float32)
+  mask = jnp.asarray(np.random.default_rng(2).random((2, 1, 8, 35)) > 0.2)
+  expected = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, local_window_size=(4, 4))
+  out = dot_product_attention(q, k, v, bias=bias, mask=mask, window=4, implementation="banded",
+                              block_size=16)
+  seen = _visible_rows(2, 2, 8, 35, False, 4, mask)
+  np.testing.assert_allclose(jnp.where(seen, out, 0), jnp.where(seen, expected, 0), atol=2e-5)
