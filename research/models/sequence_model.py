@@ -1,0 +1,94 @@
+"""Sequence models for the synthetic tasks: a recurrent stack or a small transformer encoder.
+
+  rnn | lstm | gru   inputs (one-hot tokens, or the float features as they are) ->
+                     research.recurrent layer (num_layers × hidden_size) -> head
+  transformer        token embedding (or Dense for float inputs) + sinusoidal positions ->
+                     num_layers pre-LayerNorm blocks x += MHA(LN(x)); x += MLP(LN(x)) with
+                     non-causal self-attention -> LayerNorm -> head
+
+The head is a Dense layer on every position ("per_position": [B, L, num_outputs]) or on
+the last one ("last": [B, num_outputs]); the last position of a recurrent model has read
+the whole sequence, and every position of the encoder sees every other.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from research.attention import MultiHeadAttention
+from research.recurrent import GRU, LSTM, RNN
+
+Array = jax.Array
+RECURRENT = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
+KINDS = (*RECURRENT, "transformer")
+HEADS = ("per_position", "last")
+
+
+def sinusoidal_positions(length: int, features: int) -> Array:
+  """Vaswani et al.'s encoding [length, features]: sin(p / 10000^(2i/F)) at feature 2i,
+  cos(p / 10000^(2i/F)) at feature 2i + 1, for position p."""
+  rates = 1.0 / 10000.0 ** (jnp.arange(0, features, 2) / features)     # [⌈F/2⌉]
+  angles = jnp.arange(length)[:, None] * rates[None]                   # [length, ⌈F/2⌉]
+  return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(length, -1)[:, :features]
+
+
+class EncoderBlock(nn.Module):
+  """One pre-LayerNorm transformer block on x [B, L, F] -> [B, L, F]."""
+  num_heads: int                 # attention heads, dividing F
+  mlp_ratio: int = 4             # MLP hidden width / F
+  attention: str = "dense"       # MultiHeadAttention implementation: dense, chunked, banded
+  window: Any = None             # None (full attention) or a sliding-window half-width
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    features = x.shape[-1]
+    x = x + MultiHeadAttention(self.num_heads, implementation=self.attention, window=self.window,
+                               name="attention")(nn.LayerNorm(name="attention_norm")(x))
+    y = nn.LayerNorm(name="mlp_norm")(x)
+    y = nn.Dense(self.mlp_ratio * features, name="mlp_in")(y)
+    return x + nn.Dense(features, name="mlp_out")(nn.gelu(y))
+
+
+class SequenceModel(nn.Module):
+  """inputs [B, L] int tokens (vocab_size given) or [B, L, D] floats -> outputs.
+
+  Returns [B, L, num_outputs] with head "per_position", [B, num_outputs] with "last".
+  """
+  kind: str                      # "rnn", "lstm", "gru" or "transformer"
+  hidden_size: int               # recurrent state / transformer features F
+  num_layers: int                # recurrent layers / transformer blocks
+  num_outputs: int               # classes, or 1 for a scalar
+  head: str = "per_position"     # "per_position" or "last"
+  vocab_size: int | None = None  # token inputs; None: float inputs [B, L, D]
+  num_heads: int = 1             # transformer attention heads, dividing hidden_size
+  attention: str = "dense"       # transformer attention implementation
+  window: Any = None             # transformer attention window (None: full)
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    if self.kind not in KINDS:
+      raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+    if self.head not in HEADS:
+      raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+    if self.kind in RECURRENT:
+      x = inputs if self.vocab_size is None else jax.nn.one_hot(inputs, self.vocab_size)
+      x, _ = RECURRENT[self.kind](self.hidden_size, self.num_layers, name="recurrent")(x)
+    else:
+      x = self.encode(inputs)
+    if self.head == "last":
+      x = x[:, -1]
+    return nn.Dense(self.num_outputs, name="head")(x)
+
+  def encode(self, inputs: Array) -> Array:
+    """The transformer encoder: inputs -> [B, L, hidden_size]."""
+    if self.vocab_size is None:
+      x = nn.Dense(self.hidden_size, name="embed")(inputs)
+    else:
+      x = nn.Embed(self.vocab_size, self.hidden_size, name="embed")(inputs)
+    x = x + sinusoidal_positions(x.shape[1], self.hidden_size)
+    for layer in range(self.num_layers):
+      x = EncoderBlock(self.num_heads, attention=self.attention, window=self.window,
+                       name=f"block{layer}")(x)
+    return nn.LayerNorm(name="final_norm")(x)

@@ -1,0 +1,137 @@
+"""The sequence_tasks experiment: long-range dependencies for RNN, LSTM, GRU and attention.
+
+config.data.task picks the task (research/data/sequence_tasks.py), config.model the model
+(research/models/sequence_model.py):
+
+  copy, reverse   per-position logits; cross-entropy on the K output positions;
+                  metrics accuracy (per symbol) and exact_match (all K symbols right)
+  recall          logits at the last position; cross-entropy; accuracy
+  adding          a scalar at the last position; loss = mse (the constant 1 scores ≈ 0.167);
+                  accuracy = fraction with |error| < 0.04 (Hochreiter & Schmidhuber 1997)
+
+Keys: config.data.{task, length (T), num_symbols (n), num_items (K), eval_examples} and
+config.model.{kind, hidden_size, num_layers, num_heads, attention, window (0: full)}.
+Training batch i is generated from np.random.default_rng([config.seed, i]); the
+config.data.eval_examples evaluation examples from SeedSequence(config.seed, spawn_key=(1,)),
+a stream no training batch uses.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from research.attention import IMPLEMENTATIONS
+from research.data import sequence_tasks as data
+from research.data.stream import GeneratedStream, eval_batches
+from research.models.sequence_model import KINDS, SequenceModel
+from research.training.task import Task
+from research.training.validation import (
+    ConfigError,
+    check_choice,
+    check_divides,
+    check_positive,
+)
+
+TASKS = ("copy", "reverse", "adding", "recall")
+ADDING_TOLERANCE = 0.04
+SIZES = ("data.length", "data.num_symbols", "data.num_items", "data.eval_examples",
+         "model.hidden_size", "model.num_layers", "model.num_heads")
+
+
+def validate(config) -> None:
+  """Raises ConfigError for a bad config.data / config.model value, naming the key."""
+  check_choice(config, "data.task", TASKS)
+  check_choice(config, "model.kind", KINDS)
+  check_choice(config, "model.attention", IMPLEMENTATIONS)
+  check_positive(config, *SIZES)
+  check_positive(config, "model.window", allow_zero=True)
+  if config.data.task == "adding" and config.data.length < 2:
+    raise ConfigError(f"config.data.length={config.data.length} must be >= 2 for the adding "
+                      "problem (one marker in each half)")
+  if config.data.task == "recall" and config.data.num_items > config.data.num_symbols:
+    raise ConfigError(f"config.data.num_items={config.data.num_items} must be <= "
+                      f"config.data.num_symbols={config.data.num_symbols} (recall's keys are "
+                      "distinct)")
+  if config.model.kind == "transformer":
+    check_divides(config, "model.num_heads", "model.hidden_size")
+    if config.model.attention == "banded" and config.model.window == 0:
+      raise ConfigError("config.model.attention='banded' needs config.model.window > 0")
+
+
+def generator(config):
+  """generate(rng, batch_size) -> batch for config.data (see research/data/sequence_tasks.py)."""
+  d = config.data
+  if d.task == "adding":
+    return functools.partial(data.adding_problem, length=d.length)
+  if d.task == "recall":
+    return functools.partial(data.associative_recall, length=d.length,
+                             num_symbols=d.num_symbols, num_items=d.num_items)
+  return functools.partial(data.copy_memory, length=d.length, num_symbols=d.num_symbols,
+                           num_items=d.num_items, reverse=d.task == "reverse")
+
+
+def make_model(config) -> SequenceModel:
+  """The model for config.model with the head and vocabulary that config.data.task needs."""
+  d, m = config.data, config.model
+  vocab_size = {"copy": d.num_symbols + 2, "reverse": d.num_symbols + 2,
+                "recall": 2 * d.num_symbols + 1, "adding": None}[d.task]
+  return SequenceModel(
+      kind=m.kind, hidden_size=m.hidden_size, num_layers=m.num_layers,
+      num_outputs=1 if d.task == "adding" else d.num_symbols,
+      head="per_position" if d.task in ("copy", "reverse") else "last",
+      vocab_size=vocab_size, num_heads=m.num_heads, attention=m.attention,
+      window=m.window or None)
+
+
+def example_metrics(task: str, outputs: jax.Array, targets: jax.Array
+                    ) -> dict[str, tuple[jax.Array, jax.Array]]:
+  """{name: (numerator [B], denominator [B])} from the model's outputs and the targets.
+
+  outputs: copy / reverse [B, L, n] (the last K positions are scored against targets
+  [B, K]); recall [B, n] against targets [B]; adding [B, 1] against targets [B].
+  """
+  if task == "adding":
+    error = outputs[:, 0] - targets
+    ones = jnp.ones_like(error)
+    squared = jnp.square(error)
+    return {"loss": (squared, ones), "mse": (squared, ones),
+            "accuracy": ((jnp.abs(error) < ADDING_TOLERANCE).astype(jnp.float32), ones)}
+  if task == "recall":
+    outputs, targets = outputs[:, None], targets[:, None]
+  else:
+    outputs = outputs[:, -targets.shape[1]:]
+  cross_entropy = optax.softmax_cross_entropy_with_integer_labels(outputs, targets)   # [B, K]
+  correct = (jnp.argmax(outputs, axis=-1) == targets).astype(jnp.float32)            # [B, K]
+  count = jnp.full(targets.shape[:1], targets.shape[1], jnp.float32)
+  metrics = {"loss": (cross_entropy.sum(1), count), "accuracy": (correct.sum(1), count)}
+  if task != "recall":
+    metrics["exact_match"] = (correct.min(1), jnp.ones_like(count))
+  return metrics
+
+
+def build(config) -> Task:
+  """Model, data and loss for config (validated); see research/training/task.py."""
+  generate, model, task = generator(config), make_model(config), config.data.task
+  example = generate(np.random.default_rng(0), 1)["inputs"]
+  eval_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(1,)))
+
+  def init(rng):
+    return model.init(rng, jnp.asarray(example))["params"]
+
+  def evaluate(params, batch):
+    return example_metrics(task, model.apply({"params": params}, batch["inputs"]),
+                           batch["targets"])
+
+  def loss(params, batch, rng):
+    del rng  # no dropout or sampling
+    totals = {name: n.sum() / d.sum() for name, (n, d) in evaluate(params, batch).items()}
+    return totals.pop("loss"), totals
+
+  return Task(init=init,
+              train_data=GeneratedStream(generate, config.train.batch_size, config.seed),
+              eval_data=eval_batches(generate(eval_rng, config.data.eval_examples),
+                                     config.train.batch_size),
+              loss=loss, evaluate=evaluate)
