@@ -45,7 +45,7 @@ Variant arguments (comma-separated key=value):
 
 import ml_collections
 
-from research.training.config import base_config
+from research.training.config import base_config, parse_variants
 from research.training.validation import ConfigError
 
 # Per task: the default distance T, the items K (symbols to copy, key-value pairs; unused
@@ -76,23 +76,11 @@ SWEEP_LENGTHS = (10, 50, 100)
 
 def parse_variant(arg: str | None) -> dict:
   """'task=copy,model=gru,length=50' -> {'task': 'copy', 'model': 'gru', 'length': 50}."""
-  chosen = dict(VARIANTS)
-  for item in filter(None, (arg or "").split(",")):
-    key, _, value = item.partition("=")
-    if key not in VARIANTS:
-      raise ConfigError(f"unknown variant {key!r} in --config ...:{arg}; allowed: "
-                        f"{', '.join(VARIANTS)}")
-    chosen[key] = value
-  if chosen["task"] not in TASKS:
-    raise ConfigError(f"variant task={chosen['task']!r}; allowed: {', '.join(TASKS)}")
-  if chosen["model"] not in TRAIN[chosen["task"]]:
-    raise ConfigError(f"variant model={chosen['model']!r}; allowed: "
-                      f"{', '.join(TRAIN[chosen['task']])}")
+  chosen = parse_variants(arg, VARIANTS, {"task": tuple(TASKS), "model": tuple(TRAIN["adding"])})
   length = chosen["length"] or str(TASKS[chosen["task"]]["length"])
   if not length.isdigit() or int(length) < 1:
     raise ConfigError(f"variant length={length!r} must be a positive int")
-  chosen["length"] = int(length)
-  return chosen
+  return {**chosen, "length": int(length)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

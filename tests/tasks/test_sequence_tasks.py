@@ -41,8 +41,8 @@ def test_default_config_is_the_adding_problem_with_an_lstm():
 
 @pytest.mark.parametrize("arg, message", [
     ("cell=gru", "unknown variant 'cell'.*allowed: task, model, length"),
-    ("task=sort", "task='sort'; allowed: copy, reverse, adding, recall"),
-    ("model=mamba", "model='mamba'; allowed: rnn, lstm, gru, transformer"),
+    ("task=sort", "task='sort' is not allowed; choose one of: copy, reverse, adding, recall"),
+    ("model=mamba", "model='mamba' is not allowed; choose one of: rnn, lstm, gru, transformer"),
     ("length=-3", "length='-3' must be a positive int"),
     ("length=ten", "length='ten' must be a positive int"),
 ])
