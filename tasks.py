@@ -2,7 +2,7 @@
 
     python3 tasks.py main     # the main job: launch.py's default experiment (nmt_dates)
     python3 tasks.py test     # the test suite (extra arguments go to pytest)
-    python3 tasks.py bench [recurrent|attention] [args]   # benchmarks/ (default: both)
+    python3 tasks.py bench [recurrent|attention|attention_bound] [args]   # benchmarks/ (default: all)
 
 Needs only Python >= 3.10 and pip. The first call creates `.venv` and installs the
 package (with the `test` extra for `test` and `bench`); later calls reinstall only
@@ -26,7 +26,7 @@ TASKS = {
     "test": ("test", ["-m", "pytest", "-n", "auto"]),   # one worker per core (pytest-xdist)
     "bench": ("test", []),   # the command is benchmarks/NAME.py, see `benchmark_commands`
 }
-BENCHMARKS = ("recurrent", "attention")
+BENCHMARKS = ("recurrent", "attention", "attention_bound")
 
 
 def benchmark_commands(args: list[str]) -> list[list[str]]:
