@@ -18,12 +18,6 @@ from ml_collections import config_flags
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
 
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "experiment config file[:args]",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
-_SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
-
-
 def load_config_module(spec: str):
   """experiments/NAME.py[:ARGS] -> (module, ARGS or None)."""
   path, _, args = spec.partition(":")
@@ -45,8 +39,10 @@ def _flag_values(argv: list[str], prefix: str) -> list[tuple[str, str]]:
   return found
 
 
-def parse_flags(argv: list[str]):
-  """absl's parsing, preceded by our checks of the config file and every override."""
+def check_config_flags(argv: list[str]) -> None:
+  """Our checks of --config and every --config.key=value, before config_flags sees them
+  (it reads sys.argv as soon as the flag is defined): exit 2 with the key and what is
+  allowed."""
   from research.training.validation import ConfigError, parse_value
 
   try:
@@ -55,8 +51,24 @@ def parse_flags(argv: list[str]):
     config = module.get_config(args) if args else module.get_config()
     for name, value in _flag_values(argv, "config."):
       parse_value(config, name.removeprefix("config."), value)
+  except (ConfigError, FileNotFoundError) as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  check_config_flags(sys.argv)
+_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "experiment config file[:args]",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
+_SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
+
+
+def parse_flags(argv: list[str]):
+  """absl's parsing; a flag it rejects exits with status 2 like a bad config value."""
+  try:
     return flags.FLAGS(argv)
-  except (ConfigError, FileNotFoundError, flags.Error) as error:
+  except flags.Error as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
 

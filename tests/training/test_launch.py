@@ -139,3 +139,13 @@ def test_jit_and_pmap_on_8_devices_match_one_device(tmp_path):
     losses = _losses(str(tmp_path / "devices8" / strategy))
     assert [s for s, _ in losses] == [s for s, _ in reference]
     assert [v for _, v in losses] == pytest.approx([v for _, v in reference], rel=1e-4, abs=1e-6)
+
+
+def test_typo_in_an_override_of_the_default_config_exits_2(tmp_path):
+  """No --config: the default experiment's keys are checked before config_flags reads argv."""
+  run = subprocess.run([sys.executable, os.path.join(tiny.ROOT, "launch.py"),
+                        f"--workdir={tmp_path}", "--config.train.batch_sise=3"],
+                       env=tiny.environment(), capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert ("unknown config key config.train.batch_sise; keys under config.train: batch_size"
+          in run.stderr)
