@@ -61,14 +61,14 @@ class ShuffledStream:
     if batch_size > size:
       raise ValueError(f"batch_size {batch_size} exceeds the dataset's {size} examples")
     self.arrays, self.batch_size, self.seed, self.step = arrays, batch_size, seed, 0
-    self.batches_per_epoch = size // batch_size
+    self.size, self.batches_per_epoch = size, size // batch_size
 
   def __iter__(self) -> Iterator[Batch]:
     return self
 
   def __next__(self) -> Batch:
     epoch, index = divmod(self.step, self.batches_per_epoch)
-    order = np.random.default_rng([self.seed, epoch]).permutation(len(next(iter(self.arrays.values()))))
+    order = np.random.default_rng([self.seed, epoch]).permutation(self.size)
     rows = order[index * self.batch_size:(index + 1) * self.batch_size]
     self.step += 1
     return {name: a[rows] for name, a in self.arrays.items()}

@@ -90,9 +90,8 @@ def load_data(config) -> Data:
   if d.corpus:
     level, pairs = d.level, read_parallel_corpus(d.corpus, d.level)
     order = np.random.default_rng(config.seed).permutation(len(pairs))
-    ends = np.cumsum([int(f * len(pairs)) for f in CORPUS_SPLITS.values()])
-    ends[-1] = len(pairs)
-    parts = np.split(order, ends[:-1])
+    fractions = list(CORPUS_SPLITS.values())[:-1]      # the last split takes the rest
+    parts = np.split(order, np.cumsum([int(f * len(pairs)) for f in fractions]))
     tokens = {s: [pairs[i] for i in part] for s, part in zip(CORPUS_SPLITS, parts, strict=True)}
     groups = {s: [""] * len(t) for s, t in tokens.items()}
   else:
@@ -121,10 +120,14 @@ def make_model(config, data: Data) -> Seq2Seq:
       max_source_length=data.splits["train"]["source"].shape[1])
 
 
+def target_mask(batch):
+  """[B, T+1] True on each target's tokens and its EOS."""
+  return jnp.arange(batch["target_out"].shape[1]) < batch["target_lengths"][:, None]
+
+
 def token_losses(logits, batch):
   """Cross-entropy and correctness [B, T+1] of teacher-forced logits, and the target mask."""
-  targets = batch["target_out"]
-  mask = jnp.arange(targets.shape[1]) < batch["target_lengths"][:, None]
+  targets, mask = batch["target_out"], target_mask(batch)
   cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
   correct = jnp.argmax(logits, -1) == targets
   return cross_entropy * mask, correct & mask, mask
@@ -132,13 +135,11 @@ def token_losses(logits, batch):
 
 def decoded_metrics(tokens, batch) -> dict[str, tuple]:
   """Token accuracy and exact match of decoded tokens [B, T+1] against target + EOS."""
-  targets = batch["target_out"]
-  mask = jnp.arange(targets.shape[1]) < batch["target_lengths"][:, None]
+  targets, mask = batch["target_out"], target_mask(batch)
   tokens = tokens[:, :targets.shape[1]]
   count = mask.sum(1).astype(jnp.float32)
   correct = ((tokens == targets) & mask).sum(1).astype(jnp.float32)
-  exact = jnp.all((tokens == targets) | ~mask, axis=1) & jnp.all(
-      jnp.where(mask, True, tokens == 0), axis=1)
+  exact = jnp.all(tokens == targets, axis=1)    # targets are 0 (padding) after EOS, as decoded
   return {"token_accuracy": (correct, count),
           "exact_match": (exact.astype(jnp.float32), jnp.ones_like(count))}
 

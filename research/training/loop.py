@@ -25,7 +25,7 @@ from research.training.train_step import (
   make_optimizer,
   make_train_step,
 )
-from research.training.validation import ConfigError, check_shared
+from research.training.validation import ConfigError, check_batch_size, check_shared
 
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints")
@@ -46,7 +46,7 @@ def task_module(config):
 def validate(config) -> None:
   """Raises ConfigError for any bad value, before anything is built or compiled."""
   check_shared(config)
-  parallel.check_batch_size(config.train.batch_size)
+  check_batch_size(config)
   task_module(config).validate(config)
 
 

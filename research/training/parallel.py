@@ -17,17 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from research.training.validation import ConfigError
-
 AXIS = "data"
-STRATEGIES = ("jit", "pmap")
-
-
-def check_batch_size(batch_size: int, key: str = "train.batch_size") -> None:
-  devices = jax.device_count()
-  if batch_size % devices:
-    raise ConfigError(f"config.{key}={batch_size} must be divisible by the number of devices "
-                      f"({devices}); allowed values are multiples of {devices}")
 
 
 def host_rows(batch: dict) -> dict:
@@ -98,8 +88,9 @@ class PmapStrategy:
     return jax.tree.map(lambda x: x[0], metrics)
 
 
+STRATEGIES = {"jit": MeshStrategy, "pmap": PmapStrategy}   # config.train.parallelism
+
+
 def make_strategy(name: str) -> Any:
-  if name not in STRATEGIES:
-    raise ConfigError(f"config.train.parallelism={name!r} is not allowed; choose one of: "
-                      f"{', '.join(map(repr, STRATEGIES))}")
-  return MeshStrategy() if name == "jit" else PmapStrategy()
+  """The strategy named by config.train.parallelism (checked by validation.check_shared)."""
+  return STRATEGIES[name]()

@@ -2,7 +2,10 @@
 
 from collections.abc import Iterable
 
+import jax
 import ml_collections
+
+from research.training.parallel import STRATEGIES
 
 
 class ConfigError(ValueError):
@@ -55,7 +58,15 @@ def check_shared(config) -> None:
     if not isinstance(get(config, key), int) or isinstance(get(config, key), bool):
       raise ConfigError(f"config.{key}={get(config, key)!r} must be an int")
   check_divides(config, "train.log_every", "train.checkpoint_every")
-  check_choice(config, "train.parallelism", ("jit", "pmap"))
+  check_choice(config, "train.parallelism", STRATEGIES)
+
+
+def check_batch_size(config, key: str = "train.batch_size") -> None:
+  """The global batch must split evenly over every device (of every host)."""
+  batch_size, devices = get(config, key), jax.device_count()
+  if batch_size % devices:
+    raise ConfigError(f"config.{key}={batch_size} must be divisible by the number of devices "
+                      f"({devices}); allowed values are multiples of {devices}")
 
 
 def _children(config, prefix: str) -> list[str]:
