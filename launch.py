@@ -1,67 +1,113 @@
 """Runs an experiment: python launch.py --config experiments/NAME.py[:ARGS] --workdir DIR
-[--config.key=value ...] [--sweep].
+[--config.key=value ...] [--sweep] [--verbose].
 
-With no flags it runs the default experiment into a new directory under runs/. Bad
-configuration values exit with status 2 and a message naming the key and the allowed
-values, before anything is compiled. Rerunning a command resumes its workdir.
+With no flags it runs the default experiment into a new directory under runs/. The
+config file is loaded once; `--config.key=value` overrides are checked, then applied by
+ml_collections' config_flags. Every error a user can cause (a config file that does not
+parse, a bad key or value, an unusable or busy workdir, a malformed corpus) prints one
+line `error: ...` and exits with status 2 before anything is compiled (`--verbose`
+shows the traceback and the libraries' logs). Rerunning a command resumes its workdir.
+
+Exit status: 0 done (or stopped by SIGTERM after saving a checkpoint), 1 the run failed
+(a non-finite loss, a failed save), 2 a user error, 130 stopped by Ctrl-C after saving.
 """
 
 import datetime
 import importlib.util
 import json
+import logging as python_logging
 import os
+import signal
 import sys
+import threading
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from research import tasks
+from research.errors import ConfigError, RunFailed, UserError
+from research.training import Stopped, run_sweep, train_and_evaluate
+from research.training.validation import parse_value
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
+VERBOSE_FLAG = "--verbose"
 
-def load_config_module(spec: str):
-  """experiments/NAME.py[:ARGS] -> (module, ARGS or None)."""
-  path, _, args = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-  if module_spec is None or not os.path.isfile(path):
-    raise FileNotFoundError(f"--config: no config file {path!r}")
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module, args or None
-
-
-def _flag_values(argv: list[str], prefix: str) -> list[tuple[str, str]]:
-  """(name, value) of every --prefix... flag, in --a=b or --a b form."""
-  found = []
-  for i, arg in enumerate(argv):
-    if arg.startswith(f"--{prefix}"):
-      name, eq, value = arg[2:].partition("=")
-      found.append((name, value if eq else (argv[i + 1] if i + 1 < len(argv) else "")))
-  return found
-
-
-def check_config_flags(argv: list[str]) -> None:
-  """Our checks of --config and every --config.key=value, before config_flags sees them
-  (it reads sys.argv as soon as the flag is defined): exit 2 with the key and what is
-  allowed."""
-  from research.training.validation import ConfigError, parse_value
-
-  try:
-    spec = dict(_flag_values(argv, "config")).get("config", DEFAULT_CONFIG)
-    module, args = load_config_module(spec)
-    config = module.get_config(args) if args else module.get_config()
-    for name, value in _flag_values(argv, "config."):
-      parse_value(config, name.removeprefix("config."), value)
-  except (ConfigError, FileNotFoundError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-
-
-if __name__ == "__main__":
-  check_config_flags(sys.argv)
-_CONFIG = config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "experiment config file[:args]",
-                                          lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
+flags.DEFINE_bool("verbose", False, "show tracebacks and the libraries' INFO logs")
+
+
+def load_config(spec: str):
+  """experiments/NAME.py[:ARGS] -> (get_config(ARGS), the config module).
+
+  Raises ConfigError for a missing file, one that does not parse or lacks get_config.
+  """
+  path, _, args = spec.partition(":")
+  if not os.path.isfile(path):
+    raise ConfigError(f"--config: no config file {path!r}; give experiments/NAME.py[:ARGS]")
+  module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+  except SyntaxError as error:
+    raise ConfigError(f"--config: {path} does not parse: {error.msg} at line {error.lineno}"
+                      ) from error
+  except Exception as error:  # noqa: BLE001 - any failure of the file is the config's
+    raise ConfigError(f"--config: {path} fails to load: {type(error).__name__}: {error}"
+                      ) from error
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"--config: {path} defines no get_config()")
+  try:
+    return (module.get_config(args) if args else module.get_config()), module
+  except ConfigError:
+    raise
+  except Exception as error:  # noqa: BLE001
+    raise ConfigError(f"--config: {path}: get_config({args or ''}) failed: "
+                      f"{type(error).__name__}: {error}") from error
+
+
+def split_config_flag(argv: list[str]) -> tuple[str, list[str]]:
+  """(the --config value or the default, argv without it); --config.key=value stays."""
+  rest, spec, i = [], DEFAULT_CONFIG, 0
+  while i < len(argv):
+    name, eq, value = argv[i].lstrip("-").partition("=")
+    if argv[i].startswith("-") and name == "config":
+      spec = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+      i += 1 if eq else 2
+      continue
+    rest.append(argv[i])
+    i += 1
+  return spec, rest
+
+
+def check_overrides(config, argv: list[str]) -> None:
+  """Our checks of every --config.key=value (unknown key, wrong type) before config_flags
+  applies them: ConfigError naming the key and what is allowed."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config."):
+      name, eq, value = arg[2:].partition("=")
+      value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+      parse_value(config, name.removeprefix("config."), value)
+
+
+def fail(status: int, message: str, verbose: bool):
+  """Ends the program with `message` on stderr; with --verbose, the traceback first."""
+  if verbose and sys.exc_info()[0] is not None:
+    raise   # noqa: PLE0704 - re-raises the exception being handled, with its traceback
+  print(message, file=sys.stderr, flush=True)
+  sys.exit(status)
+
+
+def quiet_libraries() -> None:
+  """Without --verbose: no INFO logs, and no tracebacks from the libraries' threads (a
+  failed background save is reported once, as our own error)."""
+  logging.set_verbosity(logging.WARNING)                  # Orbax logs every save at INFO
+  logging.get_absl_handler().addFilter(lambda record: record.levelno < python_logging.ERROR or (
+      "orbax" not in record.pathname and record.name != "asyncio"))   # a failed async save
+  threading.excepthook = lambda hook_args: None
+  sys.unraisablehook = lambda unraisable: None    # e.g. TensorBoard's flush at exit, disk full
 
 
 def parse_flags(argv: list[str]):
@@ -73,45 +119,52 @@ def parse_flags(argv: list[str]):
     sys.exit(2)
 
 
-def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)     # Orbax logs every save at INFO
-  config = _CONFIG.value
-  if config.distributed:
-    import jax
-    jax.distributed.initialize()
-  from research.training.loop import Preempted, train_and_evaluate, validate
-  from research.training.metrics import NonFiniteLossError
-  from research.training.sweep import run_sweep
-  from research.training.validation import ConfigError
-
-  config_file = config_flags.get_config_filename(flags.FLAGS["config"])
-  name = os.path.basename(config_file)[:-3]
+def main(config, module, name: str, verbose: bool) -> None:
+  """Trains config's task (or every point of the module's sweep) into --workdir."""
+  if not verbose:
+    quiet_libraries()
   workdir = _WORKDIR.value or os.path.join(
       ROOT, "runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   try:
+    task = tasks.get(config.task)
+    if config.distributed:
+      jax.distributed.initialize()
     if _SWEEP.value:
-      module, _ = load_config_module(config_file)
       if not hasattr(module, "get_sweep"):
-        raise ConfigError(f"{config_file} defines no get_sweep(); --sweep needs one")
-      run_sweep(config, module.get_sweep(), workdir)
+        raise ConfigError(f"{module.__file__} defines no get_sweep(); --sweep needs one")
+      run_sweep(config, module.get_sweep(), workdir, task)
       print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
     else:
-      validate(config)
-      final = train_and_evaluate(config, workdir)
+      final = train_and_evaluate(config, workdir, task)
       print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2))
       print(f"workdir: {workdir}")
-  except ConfigError as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-  except NonFiniteLossError as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
-  except Preempted as error:
+  except UserError as error:
+    fail(2, f"error: {error}", verbose)
+  except RunFailed as error:
+    fail(1, f"error: {error}", verbose)
+  except Stopped as error:
     print(str(error), file=sys.stderr)
-    sys.exit(0)
+    sys.exit(130 if error.signum == signal.SIGINT else 0)
+  except KeyboardInterrupt:
+    fail(130, "interrupted (Ctrl-C) before the first step: nothing to save", verbose)
+
+
+def run(argv: list[str]) -> None:
+  """Loads the config once, checks the overrides, then hands over to absl and main."""
+  verbose = VERBOSE_FLAG in argv
+  try:
+    spec, argv = split_config_flag(argv)
+    config, module = load_config(spec)
+    check_overrides(config, argv)
+  except UserError as error:
+    fail(2, f"error: {error}", verbose)
+  config_flag = config_flags.DEFINE_config_dict(
+      "config", config, "the experiment config: --config FILE[:ARGS] --config.key=value ...",
+      lock_config=True, sys_argv=argv)
+  name = os.path.basename(spec.partition(":")[0])[:-3]
+  app.run(lambda _: main(config_flag.value, module, name, verbose), argv=argv,
+          flags_parser=parse_flags)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  run(sys.argv)

@@ -47,8 +47,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data.train_examples = 50_000
   config.data.eval_examples = 1_000       # validation split (periodic evaluation)
   config.data.test_examples = 2_000       # test split (final report)
+  config.data.max_length = 200            # a corpus's pairs with a longer side are left out
 
-  config.model = ml_collections.ConfigDict()
+  config.model = ml_collections.ConfigDict()   # research.models.Seq2Seq's fields
   config.model.cell = variant["cell"]
   config.model.attention = variant["attention"]
   config.model.style = variant["style"]
@@ -61,6 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.local_window = 5           # D of local_m / local_p
   config.model.hard_training = "gumbel"   # or "reinforce"
   config.model.dropout = 0.0
+  config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
 
   config.decode = ml_collections.ConfigDict()
   config.decode.beam_size = 5

@@ -107,8 +107,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.hidden_size = 64           # recurrent state / transformer features
   config.model.num_layers = task["num_layers"]  # recurrent layers / transformer blocks
   config.model.num_heads = 4              # transformer attention heads
-  config.model.attention = "dense"        # transformer attention: dense | chunked | banded
-  config.model.window = 0                 # transformer sliding-window half-width (0: full)
+  config.model.attention = "full"         # transformer attention pattern: full | local (window)
+  config.model.window = 0                 # half-width of local attention (0 with full)
+  config.model.implementation = "dense"   # research.attention implementation: dense | chunked | banded
+  config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
   return config
 
 

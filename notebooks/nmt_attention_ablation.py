@@ -22,7 +22,7 @@
 # translated into ISO `2024-01-14` by an encoder–decoder. We compare the fixed-length
 # bottleneck (no attention) with Bahdanau's additive attention, Luong's attention with
 # input feeding, Luong's local-p and hard attention, by calling the library directly:
-# `research.training.train_and_evaluate(config, workdir)` with configs from
+# `research.training.train_and_evaluate(config, workdir, task)` with configs from
 # `experiments/nmt_dates.py`. Set `QUICK = False` for the full-size runs (about 5
 # minutes each on a 2-core CPU); CI runs the quick mode.
 
@@ -50,6 +50,7 @@ import tempfile
 from IPython.display import Image, Markdown, display
 
 import nmt_dates
+from research import tasks
 from research.training import apply_overrides, train_and_evaluate
 
 QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
@@ -79,7 +80,8 @@ workdir = tempfile.mkdtemp(prefix="nmt_ablation_")
 results = {}
 for name, variant in VARIANTS.items():
   config = apply_overrides(nmt_dates.get_config(variant), SIZE)
-  results[name] = train_and_evaluate(config, os.path.join(workdir, variant))
+  results[name] = train_and_evaluate(config, os.path.join(workdir, variant),
+                                     tasks.get(config.task))
 
 # %% [markdown]
 # ## Exact match on held-out dates

@@ -1,6 +1,7 @@
 """Attention: score functions × patterns × compute strategies (SPEC section 1).
 
-Functional core: `dot_product_attention` (dense / chunked / banded), masks.
+Functional core: `dot_product_attention` (dense / chunked / banded), masks, and the
+registry of implementations (`register_implementation` plugs in a new kernel).
 Scores: dot, scaled_dot, general, additive, concat, location (`scores.py`).
 Patterns: Luong local-m / local-p (`local.py`), hard attention with REINFORCE and
 Gumbel straight-through (`hard.py`), Linformer and memory-compressed attention
@@ -13,7 +14,7 @@ from research.attention.compressed import (
                                            MemoryCompressedAttention,
                                            linformer_attention,
 )
-from research.attention.functional import IMPLEMENTATIONS, dot_product_attention
+from research.attention.functional import dot_product_attention
 from research.attention.hard import (
                                            HardAttention,
                                            baseline_loss,
@@ -23,6 +24,12 @@ from research.attention.hard import (
                                            reinforce_surrogate,
                                            update_moving_average_baseline,
 )
+from research.attention.implementations import Implementation
+from research.attention.implementations import Request as AttentionRequest
+from research.attention.implementations import get as get_implementation
+from research.attention.implementations import names as implementation_names
+from research.attention.implementations import register as register_implementation
+from research.attention.implementations import supporting as supporting_implementations
 from research.attention.kernel_regression import KERNELS, NadarayaWatson, nadaraya_watson
 from research.attention.local import LocalAttention, local_attention_weights
 from research.attention.masks import (
@@ -54,12 +61,14 @@ from research.attention.scores import (
 from research.attention.torch_import import from_torch
 
 __all__ = [
-    "IMPLEMENTATIONS", "KERNELS", "SCORE_FUNCTIONS", "AdditiveScore", "ConcatScore", "DotScore",
-    "GeneralScore", "HardAttention", "LinformerSelfAttention", "LocalAttention", "LocationScore",
-    "MemoryCompressedAttention", "MultiHeadAttention", "NadarayaWatson", "ScaledDotScore", "Score",
-    "Visibility", "additive_score", "attend", "baseline_loss", "causal_mask", "choice_log_prob",
-    "concat_score", "dot_product_attention", "dot_score", "from_torch", "general_score",
-    "global_tokens_mask", "gumbel_softmax", "hard_attention", "linformer_attention",
-    "local_attention_weights", "location_score", "make_score", "nadaraya_watson", "padding_mask",
-    "reinforce_surrogate", "scaled_dot_score", "update_moving_average_baseline", "window_mask",
+    "KERNELS", "SCORE_FUNCTIONS", "AdditiveScore", "AttentionRequest", "ConcatScore", "DotScore",
+    "GeneralScore", "HardAttention", "Implementation", "LinformerSelfAttention", "LocalAttention",
+    "LocationScore", "MemoryCompressedAttention", "MultiHeadAttention", "NadarayaWatson",
+    "ScaledDotScore", "Score", "Visibility", "additive_score", "attend", "baseline_loss",
+    "causal_mask", "choice_log_prob", "concat_score", "dot_product_attention", "dot_score",
+    "from_torch", "general_score", "get_implementation", "global_tokens_mask", "gumbel_softmax",
+    "hard_attention", "implementation_names", "linformer_attention", "local_attention_weights",
+    "location_score", "make_score", "nadaraya_watson", "padding_mask", "register_implementation",
+    "reinforce_surrogate", "scaled_dot_score", "supporting_implementations",
+    "update_moving_average_baseline", "window_mask",
 ]

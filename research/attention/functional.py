@@ -1,15 +1,22 @@
-"""`dot_product_attention`: one entry point, three exact compute strategies.
+"""`dot_product_attention`: one entry point, implementations chosen from a registry.
 
 Same layout and semantics as `jax.nn.dot_product_attention` (q [batch, q_len, H, d],
 k / v [batch, kv_len, H_kv, d], H_kv dividing H; mask and bias broadcastable to
-[batch, H, q_len, kv_len]; `local_window_size=(l, r)` is our `window=(l, r)`), plus:
+[batch, H, q_len, kv_len]; `local_window_size=(l, r)` is our `window=(l, r)`), and a
+query with no visible key returns zeros instead of an average of all values.
 
-  implementation="dense"    materialises the weights; `return_weights=True` returns them
-  implementation="chunked"  O(n) memory, skips key blocks a causal / windowed query
-                            block cannot see
-  implementation="banded"   sliding window in O(n·w) (needs `window`)
+`implementation=` names an entry of the registry (`implementations.py`, which holds the
+full capability table); a request the implementation cannot do fails before tracing,
+naming what is missing and the implementations that can:
 
-and a query with no visible key returns zeros instead of an average of all values.
+  implementation  window    weights  what it is
+  "dense"         optional  yes      materialises the weights [batch, H, q_len, kv_len]
+  "chunked"       optional  no       exact in O(n) memory; skips key blocks a causal /
+                                     windowed query block cannot see
+  "banded"        required  no       sliding window in O(n·w), without a dense mask
+
+All three take a mask, a bias, key lengths and grouped heads, in float32, bfloat16 and
+float16, on every backend. "weights": `return_weights=True` returns them.
 """
 
 import math
@@ -17,13 +24,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from research.attention.banded import banded_attention
-from research.attention.chunked import chunked_attention
-from research.attention.dense import dense_attention
+from research.attention import implementations
 from research.attention.masks import Visibility
 
 Array = jax.Array
-IMPLEMENTATIONS = ("dense", "chunked", "banded")
 
 
 def _as_4d(x, name: str, full_shape: tuple[int, int, int, int]) -> Array | None:
@@ -68,7 +72,8 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     bias: added to the logits, broadcastable like mask (e.g. a prior or position bias).
     is_causal: query i sees keys j ≤ i.
     window: None, w (keys i−w … i+w) or (left, right); with is_causal right is 0.
-    implementation: "dense", "chunked" or "banded".
+    implementation: a registered name (`implementations.names()`): "dense", "chunked",
+      "banded", or one registered by the user.
     return_weights: also return the weights [batch, H, q_len, kv_len] (dense only).
     scale: logit scale, default 1/√d.
     key_value_seq_lengths: [batch] ints; keys at t ≥ length are padding.
@@ -79,11 +84,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
   """
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   _check_shapes(q, k, v)
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-  if return_weights and implementation != "dense":
-    raise ValueError("return_weights=True needs implementation='dense' (the others never "
-                     "materialise the weights)")
+  implementations.get(implementation)  # an unknown name fails first, listing the names
   if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
     raise ValueError(f"block_size must be a positive int, got {block_size!r}")
   b, q_len, h, d = q.shape
@@ -97,20 +98,11 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
       raise ValueError(f"key_value_seq_lengths must have shape (batch,) = ({b},), "
                        f"got {key_value_seq_lengths.shape}")
   visibility = Visibility.make(is_causal, window, key_value_seq_lengths)
+  request = implementations.Request.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+                                       window=window,
+                                       key_value_seq_lengths=key_value_seq_lengths,
+                                       return_weights=return_weights)
+  chosen = implementations.check(implementation, request)
   scale = 1.0 / math.sqrt(d) if scale is None else scale
-
-  if implementation == "chunked":
-    blocks = {} if block_size is None else dict(q_block=block_size, k_block=block_size)
-    return chunked_attention(q, k, v, scale=scale, bias=bias, mask=mask,
-                             visibility=visibility, **blocks)
-  if implementation == "banded":
-    blocks = {} if block_size is None else dict(block=block_size)
-    return banded_attention(q, k, v, scale=scale, bias=bias, mask=mask,
-                            visibility=visibility, **blocks)
-  visible = None
-  if not visibility.sees_everything:
-    visible = visibility.dense(q_len, k.shape[1])[:, None]
-  if mask is not None:
-    visible = mask if visible is None else visible & mask
-  out, weights = dense_attention(q, k, v, scale=scale, bias=bias, visible=visible)
-  return (out, weights) if return_weights else out
+  return chosen.function(q, k, v, scale=scale, bias=bias, mask=mask, visibility=visibility,
+                         block_size=block_size, return_weights=bool(return_weights))

@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from research.attention import implementations
 from research.attention.dense import weighted_values
-from research.attention.functional import IMPLEMENTATIONS, dot_product_attention
+from research.attention.functional import dot_product_attention
 from research.attention.masks import Visibility
 
 Array = jax.Array
@@ -58,8 +59,9 @@ class MultiHeadAttention(nn.Module):
   """Multi-head (or grouped / multi-query) attention over query and key/value inputs.
 
   `__call__(inputs_q [b, q_len, D_q], inputs_kv [b, kv_len, D_k] = inputs_q, ...)`
-  returns [b, q_len, out_features]. With implementation "dense" the attention weights
-  [b, H, q_len, kv_len] (before dropout) are sown as intermediates/attention_weights.
+  returns [b, q_len, out_features]. With an implementation that returns the weights
+  ("dense") the attention weights [b, H, q_len, kv_len] (before dropout) are sown as
+  intermediates/attention_weights.
   In a decode step kv_len is the cache's max_len: mask, bias and the sown weights cover
   [n new tokens, max_len].
   """
@@ -67,8 +69,8 @@ class MultiHeadAttention(nn.Module):
   qkv_features: int | None = None         # H · d (default: features of inputs_q)
   out_features: int | None = None         # output features (default: features of inputs_q)
   num_kv_heads: int | None = None         # H_kv, dividing H (None: H; 1: multi-query)
-  dropout_rate: float = 0.0               # dropout on the attention weights (train=True, dense only)
-  implementation: str = "dense"           # "dense", "chunked" or "banded" (see dot_product_attention)
+  dropout_rate: float = 0.0               # dropout on the weights (train=True; needs "dense")
+  implementation: str = "dense"           # a registered name: "dense", "chunked", "banded", …
   window: Any = None                      # None, w or (left, right): sliding-window attention
   block_size: int | None = None           # chunked / banded block length (None: their defaults)
   use_bias: bool = True                   # biases in the four projections
@@ -79,13 +81,15 @@ class MultiHeadAttention(nn.Module):
   bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()      # projection biases
 
   def _check_config(self, train: bool):
-    if self.implementation not in IMPLEMENTATIONS:
-      raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {self.implementation!r}")
+    implementation = implementations.get(self.implementation)  # lists the names if unknown
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
-    if self.dropout_rate > 0 and train and self.implementation != "dense":
-      raise ValueError(f"dropout_rate > 0 with train=True needs implementation='dense' (the "
-                       f"weights are dropped), got implementation={self.implementation!r}")
+    if self.dropout_rate > 0 and train and not implementation.returns_weights:
+      able = " or ".join(f"implementation={impl!r}" for impl in implementations.names()
+                         if implementations.get(impl).returns_weights)
+      able = able or "an implementation that returns them"
+      raise ValueError(f"dropout_rate > 0 with train=True drops the attention weights, which "
+                       f"implementation={self.implementation!r} does not return; use {able}")
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *,
@@ -134,13 +138,18 @@ class MultiHeadAttention(nn.Module):
       if step_visible is not None:  # a decode step: the pattern is folded into the cache mask
         mask = step_visible if mask is None else jnp.logical_and(mask, step_visible)
         pattern = {}
-        # the banded strategy assumes query i sits at key position i; a step's queries do not.
-        implementation = "dense" if implementation == "banded" else implementation
+        # A step's queries sit at cache positions, not at key positions 0 … n−1, so its
+        # window is a mask: an implementation that cannot do the step (banded needs a
+        # window) gives way to the first registered one that can (dense).
+        step = implementations.Request.of(q, k, v, mask=mask, bias=bias)
+        able = implementations.supporting(step)
+        if able and implementation not in able:
+          implementation = able[0]
 
     attend = functools.partial(dot_product_attention, q, k, v, mask=mask, bias=bias,
                                implementation=implementation, block_size=self.block_size,
                                **pattern)
-    if implementation == "dense":
+    if implementations.get(implementation).returns_weights:
       out, weights = attend(return_weights=True)
       self.sow("intermediates", "attention_weights", weights)
       if self.dropout_rate > 0 and train:

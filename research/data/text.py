@@ -12,6 +12,9 @@ import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+from absl import logging
+
+from research.errors import InputError
 
 LEVELS = ("char", "word")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -87,33 +90,49 @@ class Vocabulary:
       return cls(json.load(f)["tokens"])
 
 
-def read_parallel_corpus(path: str | os.PathLike,
-                         level: str = "char") -> list[tuple[list[str], list[str]]]:
+def read_parallel_corpus(path: str | os.PathLike, level: str = "char",
+                         max_length: int | None = None) -> list[tuple[list[str], list[str]]]:
   """(source tokens, target tokens) per line of a `source<TAB>target` UTF-8 file.
 
-  Columns after the second (Tatoeba's attribution) are ignored, blank lines skipped and
-  each side stripped of surrounding whitespace. A line that is not UTF-8, has no tab or has
-  an empty side raises ValueError naming `path:line`.
+  CRLF line endings and a byte-order mark are accepted; columns after the second
+  (Tatoeba's attribution) are ignored, blank lines skipped and each side stripped of
+  surrounding whitespace. Pairs with a side longer than `max_length` tokens are left
+  out, with a warning that counts them. A line that is not UTF-8, has no tab or has an
+  empty side, and a file without any pair, raise InputError naming `path:line`.
   """
   _check_level(level)
-  pairs = []
+  pairs, too_long = [], 0
   with open(path, "rb") as f:
     for number, raw in enumerate(f, start=1):
       where = f"{os.fspath(path)}:{number}"
       try:
         line = raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n")
       except UnicodeDecodeError as error:
-        raise ValueError(f"{where}: not UTF-8 ({error.reason} at byte {error.start})") from None
+        raise InputError(f"{where}: not UTF-8 ({error.reason} at byte {error.start}); save "
+                         "the file as UTF-8") from None
       if not line.strip() and "\t" not in line:
         continue
       columns = line.split("\t")
       if len(columns) < 2:
-        raise ValueError(f"{where}: no tab between source and target in {line!r}")
+        raise InputError(f"{where}: no tab between source and target in {line[:80]!r}; each "
+                         "line must be source<TAB>target")
       source, target = columns[0].strip(), columns[1].strip()
       for side, text in (("source", source), ("target", target)):
         if not text:
-          raise ValueError(f"{where}: empty {side} in {line!r}")
-      pairs.append((tokenize(source, level), tokenize(target, level)))
+          raise InputError(f"{where}: empty {side} in {line[:80]!r}; each line must be "
+                           "source<TAB>target, both non-empty")
+      pair = (tokenize(source, level), tokenize(target, level))
+      if max_length is not None and max(map(len, pair)) > max_length:
+        too_long += 1
+        continue
+      pairs.append(pair)
+  if too_long:
+    logging.warning("%s: skipped %d of %d pairs with a side longer than %d %s tokens",
+                    os.fspath(path), too_long, too_long + len(pairs), max_length, level)
+  if not pairs:
+    raise InputError(f"{os.fspath(path)}: no source<TAB>target pair to read "
+                     + ("(the file is empty)" if not too_long else
+                        f"(all {too_long} are longer than {max_length} tokens)"))
   return pairs
 
 

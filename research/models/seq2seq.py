@@ -106,16 +106,17 @@ class Encoder(nn.Module):
   num_layers: int = 1      # stacked recurrent layers
   bidirectional: bool = False  # add a reverse-time direction to every layer
   dropout: float = 0.0     # on the embeddings and between layers, training only
+  dtype: Any = None        # dtype of the matrix products (None: float32)
 
   @nn.compact
   def __call__(self, source: Array, source_lengths: Array, *,
                train: bool = False) -> tuple[Memory, Any]:
     directions = 2 if self.bidirectional else 1
-    x = nn.Embed(self.vocab_size, self.embed_size, name="embed")(source)
+    x = nn.Embed(self.vocab_size, self.embed_size, dtype=self.dtype, name="embed")(source)
     x = nn.Dropout(self.dropout, deterministic=not train)(x)
     layer = LAYERS[self.cell](self.hidden_size // directions, num_layers=self.num_layers,
                               bidirectional=self.bidirectional, dropout=self.dropout,
-                              name="rnn")
+                              dtype=self.dtype, name="rnn")
     states, final = layer(x, seq_lengths=source_lengths, train=train)
     h_n, c_n = final if self.cell == "lstm" else (final, None)
     top = lambda s: jnp.concatenate(list(s[-directions:]), axis=-1)   # [K, B, h] -> [B, H]
@@ -132,6 +133,7 @@ class DecoderAttention(nn.Module):
   max_source_length: int | None = None  # S of the location score
   local_window: int = 10           # D of local_m / local_p
   hard_training: str = "gumbel"    # "gumbel" or "reinforce"
+  dtype: Any = None                # dtype of the score's matrix products (None: float32)
 
   @nn.compact
   def __call__(self, query: Array, memory: Memory, step: Array, *,
@@ -139,7 +141,7 @@ class DecoderAttention(nn.Module):
     name = self.score if self.attention in PATTERNS else self.attention
     kwargs = {"additive": {"features": self.features}, "concat": {"features": self.features},
               "location": {"source_length": self.max_source_length}}.get(name, {})
-    score = make_score(name, name="score", **kwargs)
+    score = make_score(name, name="score", dtype=self.dtype, **kwargs)
     q, keys = query[:, None, :], memory.states                  # [B, 1, H], [B, S, H]
     log_prob = jnp.zeros(query.shape[:1], jnp.float32)
     if self.attention in SCORE_FUNCTIONS:
@@ -173,24 +175,27 @@ class Decoder(nn.Module):
   local_window: int = 10           # D of local_m / local_p
   hard_training: str = "gumbel"    # "gumbel" or "reinforce"
   dropout: float = 0.0             # on the embeddings and before the output layer
+  dtype: Any = None                # dtype of the matrix products (None: float32)
 
   def setup(self):
-    self.embed = nn.Embed(self.vocab_size, self.embed_size)
-    self.rnn = CELLS[self.cell](self.hidden_size)
+    self.embed = nn.Embed(self.vocab_size, self.embed_size, dtype=self.dtype)
+    self.rnn = CELLS[self.cell](self.hidden_size, dtype=self.dtype)
     if self.attention != "none":
       self.attend = DecoderAttention(self.attention, self.score,
                                      self.attention_features or self.hidden_size,
                                      self.max_source_length, self.local_window,
-                                     self.hard_training)
+                                     self.hard_training, self.dtype)
     if self.style == "bahdanau":
-      self.pre_output = nn.Dense(2 * self.hidden_size)           # U_o, b_o
+      self.pre_output = nn.Dense(2 * self.hidden_size, dtype=self.dtype)           # U_o, b_o
     else:
-      self.combine = nn.Dense(self.hidden_size, use_bias=False)  # W_c
-    self.output = nn.Dense(self.vocab_size)                      # W_o or W_s, and b
+      self.combine = nn.Dense(self.hidden_size, use_bias=False, dtype=self.dtype)  # W_c
+    self.output = nn.Dense(self.vocab_size, dtype=self.dtype)                      # W_o or W_s, b
     self.drop = nn.Dropout(self.dropout)
 
   def initial_state(self, carry: Any) -> DecoderState:
-    """The state before the first target token, from the encoder's final carry."""
+    """The state before the first target token, from the encoder's final carry (kept in
+    float32 whatever the compute dtype, as the cells keep theirs)."""
+    carry = jax.tree.map(lambda x: x.astype(jnp.float32), carry)
     h = cell_output(carry)
     feed = jnp.zeros_like(h) if self.style == "luong" and self.input_feeding else None
     return DecoderState(carry, feed, jnp.zeros(h.shape[:1], jnp.int32))
@@ -253,6 +258,7 @@ class Seq2Seq(nn.Module):
   attention_features: int | None = None  # a of additive / concat / local-p (None: H)
   max_source_length: int | None = None   # S of the location score (needed by it)
   hard_training: str = "gumbel"    # hard attention in training: "gumbel" or "reinforce"
+  dtype: Any = None                # dtype of the matrix products, e.g. "bfloat16" (None: float32)
 
   def _check_config(self):
     choices = {"cell": (self.cell, tuple(CELLS)), "attention": (self.attention, ATTENTIONS),
@@ -274,11 +280,11 @@ class Seq2Seq(nn.Module):
   def setup(self):
     self._check_config()
     self.encoder = Encoder(self.source_vocab_size, self.embed_size, self.hidden_size, self.cell,
-                           self.encoder_layers, self.bidirectional, self.dropout)
+                           self.encoder_layers, self.bidirectional, self.dropout, self.dtype)
     self.decoder = Decoder(self.target_vocab_size, self.embed_size, self.hidden_size, self.cell,
                            self.attention, self.style, self.input_feeding, self.score,
                            self.attention_features, self.max_source_length,
-                           self.local_window, self.hard_training, self.dropout)
+                           self.local_window, self.hard_training, self.dropout, self.dtype)
 
   def encode(self, source: Array, source_lengths: Array, *,
              train: bool = False) -> tuple[Memory, DecoderState]:

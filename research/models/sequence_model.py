@@ -4,11 +4,13 @@
                      research.recurrent layer (num_layers × hidden_size) -> head
   transformer        token embedding (or Dense for float inputs) + sinusoidal positions ->
                      num_layers pre-LayerNorm blocks x += MHA(LN(x)); x += MLP(LN(x)) with
-                     non-causal self-attention -> LayerNorm -> head
+                     non-causal self-attention, "full" or "local" (query i sees keys
+                     i − window … i + window) -> LayerNorm -> head
 
 The head is a Dense layer on every position ("per_position": [B, L, num_outputs]) or on
 the last one ("last": [B, num_outputs]); the last position of a recurrent model has read
-the whole sequence, and every position of the encoder sees every other.
+the whole sequence, and every position of the encoder sees every other. Matrix products
+run in `dtype` (e.g. bfloat16) with float32 parameters; the outputs are float32.
 """
 
 from typing import Any
@@ -24,6 +26,7 @@ Array = jax.Array
 RECURRENT = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
 KINDS = (*RECURRENT, "transformer")
 HEADS = ("per_position", "last")
+ATTENTIONS = ("full", "local")
 
 
 def sinusoidal_positions(length: int, features: int) -> Array:
@@ -38,17 +41,19 @@ class EncoderBlock(nn.Module):
   """One pre-LayerNorm transformer block on x [B, L, F] -> [B, L, F]."""
   num_heads: int                 # attention heads, dividing F
   mlp_ratio: int = 4             # MLP hidden width / F
-  attention: str = "dense"       # MultiHeadAttention implementation: dense, chunked, banded
+  implementation: str = "dense"  # research.attention implementation of the attention
   window: Any = None             # None (full attention) or a sliding-window half-width
+  dtype: Any = None              # dtype of the matrix products (None: float32)
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     features = x.shape[-1]
-    x = x + MultiHeadAttention(self.num_heads, implementation=self.attention, window=self.window,
+    x = x + MultiHeadAttention(self.num_heads, implementation=self.implementation,
+                               window=self.window, dtype=self.dtype,
                                name="attention")(nn.LayerNorm(name="attention_norm")(x))
     y = nn.LayerNorm(name="mlp_norm")(x)
-    y = nn.Dense(self.mlp_ratio * features, name="mlp_in")(y)
-    return x + nn.Dense(features, name="mlp_out")(nn.gelu(y))
+    y = nn.Dense(self.mlp_ratio * features, dtype=self.dtype, name="mlp_in")(y)
+    return x + nn.Dense(features, dtype=self.dtype, name="mlp_out")(nn.gelu(y))
 
 
 class SequenceModel(nn.Module):
@@ -63,8 +68,10 @@ class SequenceModel(nn.Module):
   head: str = "per_position"     # "per_position" or "last"
   vocab_size: int | None = None  # token inputs; None: float inputs [B, L, D]
   num_heads: int = 1             # transformer attention heads, dividing hidden_size
-  attention: str = "dense"       # transformer attention implementation
-  window: Any = None             # transformer attention window (None: full)
+  attention: str = "full"        # transformer attention pattern: "full" or "local"
+  implementation: str = "dense"  # research.attention implementation of the attention
+  window: int = 0                # half-width of "local" attention
+  dtype: Any = "float32"         # dtype of the matrix products ("float32", "bfloat16")
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
@@ -72,23 +79,27 @@ class SequenceModel(nn.Module):
       raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
     if self.head not in HEADS:
       raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+    if self.attention not in ATTENTIONS or (self.attention == "local") != (self.window > 0):
+      raise ValueError(f"attention must be one of {ATTENTIONS}, 'local' with a window > 0 and "
+                       f"'full' with window 0; got {self.attention!r} and window {self.window}")
     if self.kind in RECURRENT:
       x = inputs if self.vocab_size is None else jax.nn.one_hot(inputs, self.vocab_size)
-      x, _ = RECURRENT[self.kind](self.hidden_size, self.num_layers, name="recurrent")(x)
+      x, _ = RECURRENT[self.kind](self.hidden_size, self.num_layers, dtype=self.dtype,
+                                  name="recurrent")(x)
     else:
       x = self.encode(inputs)
     if self.head == "last":
       x = x[:, -1]
-    return nn.Dense(self.num_outputs, name="head")(x)
+    return nn.Dense(self.num_outputs, dtype=self.dtype, name="head")(x).astype(jnp.float32)
 
   def encode(self, inputs: Array) -> Array:
     """The transformer encoder: inputs -> [B, L, hidden_size]."""
     if self.vocab_size is None:
-      x = nn.Dense(self.hidden_size, name="embed")(inputs)
+      x = nn.Dense(self.hidden_size, dtype=self.dtype, name="embed")(inputs)
     else:
-      x = nn.Embed(self.vocab_size, self.hidden_size, name="embed")(inputs)
-    x = x + sinusoidal_positions(x.shape[1], self.hidden_size)
+      x = nn.Embed(self.vocab_size, self.hidden_size, dtype=self.dtype, name="embed")(inputs)
+    x = x + sinusoidal_positions(x.shape[1], self.hidden_size).astype(x.dtype)
     for layer in range(self.num_layers):
-      x = EncoderBlock(self.num_heads, attention=self.attention, window=self.window,
-                       name=f"block{layer}")(x)
+      x = EncoderBlock(self.num_heads, implementation=self.implementation,
+                       window=self.window or None, dtype=self.dtype, name=f"block{layer}")(x)
     return nn.LayerNorm(name="final_norm")(x)

@@ -91,13 +91,17 @@ class RecurrentCell(nn.RNNCellBase):
     return h if c is None else (c, h)
 
   def __call__(self, carry: Carry, inputs: Array) -> tuple[Carry, Array]:
-    """One time step. inputs: [..., in]; returns (new carry, h_t [..., P])."""
+    """One time step. inputs: [..., in]; returns (new carry, h_t [..., P]).
+
+    The new carry keeps the dtypes of `carry` (float32 from `initialize_carry`), so the
+    cell runs under `nn.scan` / `nn.RNN` with any computation dtype; h_t is in `dtype`.
+    """
     w = self.weights(inputs.shape[-1])
     h, c = self._split_carry(carry)
     out = self.equations.forward(matmul(inputs, w.w_ih), matmul(h, w.w_hh), h, c, w.b_ih, w.b_hh)
     h_new = out.h if w.w_hr is None else matmul(out.h, w.w_hr)
-    h_new = h_new.astype(self.dtype or inputs.dtype)
-    return self._join_carry(h_new, out.c), h_new
+    c_new = None if c is None else out.c.astype(c.dtype)
+    return self._join_carry(h_new.astype(h.dtype), c_new), h_new.astype(self.dtype or inputs.dtype)
 
   def sequence(self, inputs: Array, h0: Array, c0: Array | None = None, *,
                valid: Array | None = None, time_axis: int = 1,

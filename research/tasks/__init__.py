@@ -1,4 +1,11 @@
-"""Experiments' tasks: `research.tasks.<config.task>` provides validate(config) and build(config).
+"""Experiments' tasks, registered by name: `get(config.task)` -> TaskBuilder, `names()`.
 
-See research/training/task.py for the contract.
+A task provides validate(config) (ConfigError naming the key and the allowed values)
+and build(config) -> Task (model, data and pure loss / evaluation functions); see
+research/training/task.py for the contract and registry.py for adding your own.
 """
+
+from research.tasks import nmt_dates, sequence_tasks  # noqa: F401  (they register themselves)
+from research.tasks.registry import get, names, register
+
+__all__ = ["get", "names", "register"]

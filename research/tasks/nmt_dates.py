@@ -2,9 +2,13 @@
 
 Data (config.data): with `corpus` empty, dates rendered by babel from CLDR
 (research/data/dates.py; splits disjoint by date); otherwise the user's own
-`source<TAB>target` file, shuffled with the seed and split 90/5/5. Tokens are characters
+`source<TAB>target` file, shuffled with the seed and split 90/5/5, leaving out (with a
+warning that counts them) pairs longer than `max_length` tokens. Tokens are characters
 (dates) or config.data.level. Vocabularies come from the training split and are written
 into the workdir (source_vocab.json, target_vocab.json).
+
+Model: `Seq2Seq(**config.model, <vocabulary sizes and source length from the data>)`,
+so config.model's keys are Seq2Seq's fields.
 
 Training minimises the cross-entropy of teacher-forced logits over the target tokens
 (target + EOS). Periodic evaluation on the validation split reports the loss, token
@@ -34,10 +38,12 @@ from research.data.text import (
   read_parallel_corpus,
   tokenize,
 )
+from research.errors import ConfigError, InputError
 from research.models.decoding import beam_search, greedy_decode
 from research.models.seq2seq import ATTENTIONS, CELLS, HARD_TRAINING, STYLES, Seq2Seq
+from research.tasks.registry import register
 from research.training.task import Heatmap, Report, Task
-from research.training.validation import ConfigError, check_choice, check_positive
+from research.training.validation import COMPUTE_DTYPES, check_choice, check_positive
 
 LENGTH_BUCKETS = (0, 10, 20, 30, 1000)        # source tokens: [0, 10), [10, 20), ...
 CORPUS_SPLITS = {"train": 0.9, "validation": 0.05, "test": 0.05}
@@ -51,10 +57,14 @@ def validate(config) -> None:
   check_choice(config, "model.style", STYLES)
   check_choice(config, "model.score", SCORE_FUNCTIONS)
   check_choice(config, "model.hard_training", HARD_TRAINING)
+  check_choice(config, "model.dtype", COMPUTE_DTYPES)
   check_choice(config, "data.level", LEVELS)
   check_positive(config, "model.embed_size", "model.hidden_size", "model.encoder_layers",
                  "model.local_window", "data.train_examples", "data.eval_examples",
-                 "data.test_examples", "decode.beam_size")
+                 "data.test_examples", "data.max_length", "decode.beam_size")
+  if not d.corpus and d.train_examples < config.train.batch_size:
+    raise ConfigError(f"config.data.train_examples={d.train_examples} must be at least "
+                      f"config.train.batch_size={config.train.batch_size}")
   check_positive(config, "model.dropout", "decode.length_penalty", allow_zero=True)
   if m.bidirectional and m.hidden_size % 2:
     raise ConfigError(f"config.model.hidden_size={m.hidden_size} must be even with "
@@ -88,12 +98,14 @@ def load_data(config) -> Data:
   d = config.data
   sizes = {"train": d.train_examples, "validation": d.eval_examples, "test": d.test_examples}
   if d.corpus:
-    level, pairs = d.level, read_parallel_corpus(d.corpus, d.level)
+    level, pairs = d.level, read_parallel_corpus(d.corpus, d.level, d.max_length)
     order = np.random.default_rng(config.seed).permutation(len(pairs))
     fractions = list(CORPUS_SPLITS.values())[:-1]      # the last split takes the rest
     parts = np.split(order, np.cumsum([int(f * len(pairs)) for f in fractions]))
     tokens = {s: [pairs[i] for i in part] for s, part in zip(CORPUS_SPLITS, parts, strict=True)}
     groups = {s: [""] * len(t) for s, t in tokens.items()}
+    _check_corpus_splits(d.corpus, {s: len(t) for s, t in tokens.items()},
+                         config.train.batch_size)
   else:
     level, tokens, groups = "char", {}, {}
     for split, size in sizes.items():
@@ -109,15 +121,20 @@ def load_data(config) -> Data:
   return Data(splits, groups, source_vocab, target_vocab, level)
 
 
+def _check_corpus_splits(corpus: str, sizes: dict[str, int], batch_size: int) -> None:
+  """Every split of a user's corpus non-empty, and a training split of a whole batch."""
+  counts = ", ".join(f"{split} {size}" for split, size in sizes.items())
+  if min(sizes.values()) == 0 or sizes["train"] < batch_size:
+    raise InputError(f"{corpus}: its {sum(sizes.values())} pairs split into {counts}; every "
+                     f"split needs a pair and training at least config.train.batch_size="
+                     f"{batch_size}: give a larger corpus or a smaller batch")
+
+
 def make_model(config, data: Data) -> Seq2Seq:
-  m = config.model
-  return Seq2Seq(
-      source_vocab_size=data.source_vocab.size, target_vocab_size=data.target_vocab.size,
-      embed_size=m.embed_size, hidden_size=m.hidden_size, cell=m.cell,
-      encoder_layers=m.encoder_layers, bidirectional=m.bidirectional, attention=m.attention,
-      style=m.style, input_feeding=m.input_feeding, local_window=m.local_window,
-      dropout=m.dropout, score=m.score, hard_training=m.hard_training,
-      max_source_length=data.splits["train"]["source"].shape[1])
+  """config.model's Seq2Seq with the vocabularies' sizes and the longest source."""
+  return Seq2Seq(**config.model, source_vocab_size=data.source_vocab.size,
+                 target_vocab_size=data.target_vocab.size,
+                 max_source_length=data.splits["train"]["source"].shape[1])
 
 
 def target_mask(batch):
@@ -245,3 +262,6 @@ def _heatmap_examples(groups: list[str], count: int) -> list[int]:
   Latin scripts); for a user's corpus, the first examples."""
   chosen = [groups.index(g) for g in HEATMAP_LOCALES if g in groups]
   return (chosen or list(range(len(groups))))[:count]
+
+
+TASK = register("nmt_dates", validate=validate, build=build)

@@ -9,8 +9,10 @@ config.data.task picks the task (research/data/sequence_tasks.py), config.model 
   adding          a scalar at the last position; loss = mse (the constant 1 scores ≈ 0.167);
                   accuracy = fraction with |error| < 0.04 (Hochreiter & Schmidhuber 1997)
 
-Keys: config.data.{task, length (T), num_symbols (n), num_items (K), eval_examples} and
-config.model.{kind, hidden_size, num_layers, num_heads, attention, window (0: full)}.
+Keys: config.data.{task, length (T), num_symbols (n), num_items (K), eval_examples};
+config.model holds the fields of `SequenceModel` that the task does not set (kind,
+hidden_size, num_layers, num_heads, attention "full" | "local", implementation, window,
+dtype), and the model is built as SequenceModel(**config.model, <head for the task>).
 Training batch i is generated from np.random.default_rng([config.seed, i]); the
 config.data.eval_examples evaluation examples from SeedSequence(config.seed, spawn_key=(1,)),
 a stream no training batch uses.
@@ -23,13 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from research.attention import IMPLEMENTATIONS
+from research.attention import AttentionRequest, implementation_names, implementations
 from research.data import sequence_tasks as data
 from research.data.stream import GeneratedStream, eval_batches
-from research.models.sequence_model import KINDS, SequenceModel
+from research.errors import ConfigError
+from research.models.sequence_model import ATTENTIONS, KINDS, SequenceModel
+from research.tasks.registry import register
 from research.training.task import Task
 from research.training.validation import (
-    ConfigError,
+    COMPUTE_DTYPES,
     check_choice,
     check_divides,
     check_positive,
@@ -45,7 +49,9 @@ def validate(config) -> None:
   """Raises ConfigError for a bad config.data / config.model value, naming the key."""
   check_choice(config, "data.task", TASKS)
   check_choice(config, "model.kind", KINDS)
-  check_choice(config, "model.attention", IMPLEMENTATIONS)
+  check_choice(config, "model.attention", ATTENTIONS)
+  check_choice(config, "model.implementation", implementation_names())
+  check_choice(config, "model.dtype", COMPUTE_DTYPES)
   check_positive(config, *SIZES)
   check_positive(config, "model.window", allow_zero=True)
   if config.data.task == "adding" and config.data.length < 2:
@@ -57,8 +63,17 @@ def validate(config) -> None:
                       "distinct)")
   if config.model.kind == "transformer":
     check_divides(config, "model.num_heads", "model.hidden_size")
-    if config.model.attention == "banded" and config.model.window == 0:
-      raise ConfigError("config.model.attention='banded' needs config.model.window > 0")
+    if (config.model.attention == "local") != (config.model.window > 0):
+      raise ConfigError(f"config.model.window={config.model.window} with "
+                        f"config.model.attention={config.model.attention!r}: 'local' needs a "
+                        "window > 0 (its half-width), 'full' needs window 0")
+    window = config.model.window
+    request = AttentionRequest(window=(window, window) if window else None,
+                               dtype=config.model.dtype, platform=jax.default_backend())
+    try:
+      implementations.check(config.model.implementation, request)
+    except ValueError as error:
+      raise ConfigError(f"config.model.{error}") from None
 
 
 def generator(config):
@@ -74,16 +89,13 @@ def generator(config):
 
 
 def make_model(config) -> SequenceModel:
-  """The model for config.model with the head and vocabulary that config.data.task needs."""
-  d, m = config.data, config.model
+  """config.model's SequenceModel with the head and vocabulary that config.data.task needs."""
+  d = config.data
   vocab_size = {"copy": d.num_symbols + 2, "reverse": d.num_symbols + 2,
                 "recall": 2 * d.num_symbols + 1, "adding": None}[d.task]
-  return SequenceModel(
-      kind=m.kind, hidden_size=m.hidden_size, num_layers=m.num_layers,
-      num_outputs=1 if d.task == "adding" else d.num_symbols,
-      head="per_position" if d.task in ("copy", "reverse") else "last",
-      vocab_size=vocab_size, num_heads=m.num_heads, attention=m.attention,
-      window=m.window or None)
+  return SequenceModel(**config.model, num_outputs=1 if d.task == "adding" else d.num_symbols,
+                       head="per_position" if d.task in ("copy", "reverse") else "last",
+                       vocab_size=vocab_size)
 
 
 def example_metrics(task: str, outputs: jax.Array, targets: jax.Array
@@ -135,3 +147,6 @@ def build(config) -> Task:
               eval_data=eval_batches(generate(eval_rng, config.data.eval_examples),
                                      config.train.batch_size),
               loss=loss, evaluate=evaluate)
+
+
+TASK = register("sequence_tasks", validate=validate, build=build)

@@ -1,14 +1,18 @@
 """Runtime: the train loop, parallelism, checkpoints and metrics.
 
+    from research import tasks
     from research.training import train_and_evaluate
-    final_metrics = train_and_evaluate(config, workdir)     # config: an experiments/ get_config()
+    final_metrics = train_and_evaluate(config, workdir, tasks.get(config.task))
+    # config: an experiments/ get_config()
 """
 
+from research.errors import ConfigError, InputError, RunFailed, UserError, WorkdirError
 from research.training.config import base_config
-from research.training.loop import Preempted, train_and_evaluate, validate
+from research.training.loop import Stopped, train, train_and_evaluate, validate
 from research.training.metrics import NonFiniteLossError
 from research.training.sweep import run_sweep
-from research.training.validation import ConfigError, apply_overrides
+from research.training.validation import apply_overrides
 
-__all__ = ["ConfigError", "NonFiniteLossError", "Preempted", "apply_overrides", "base_config",
-           "run_sweep", "train_and_evaluate", "validate"]
+__all__ = ["ConfigError", "InputError", "NonFiniteLossError", "RunFailed", "Stopped", "UserError",
+           "WorkdirError", "apply_overrides", "base_config", "run_sweep", "train",
+           "train_and_evaluate", "validate"]

@@ -1,62 +1,186 @@
-"""Orbax checkpoints of the train state and the data iterator, with resume and fallback."""
+"""Orbax checkpoints of the train state and the data iterator, with resume and fallback.
+
+What is never lost:
+- A checkpoint that cannot be read (truncated, corrupt) is moved to
+  `<directory>_unreadable/<step>` (or `<step>.1`, `<step>.2`, ... when an earlier copy of
+  that step is there already: nothing set aside is ever replaced) and the previous one
+  is tried.
+- A checkpoint that reads but whose parameter tree differs from the model's (the code
+  renamed or reshaped a parameter) stops the run with CheckpointMismatchError naming the
+  first differing path and both shapes; every checkpoint stays where it was.
+- A save that fails (a full disk) stops the run at the next step with
+  CheckpointSaveError; the last complete checkpoint stays readable (Orbax writes a
+  step into a temporary directory and renames it only once complete).
+"""
 
 import os
 import shutil
+from typing import Any, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from research.errors import CheckpointMismatchError, RunFailed
+
+UNREADABLE_SUFFIX = "_unreadable"
+
+
+class CheckpointSaveError(RunFailed):
+  """A checkpoint could not be written."""
+
+
+class Restored(NamedTuple):
+  step: int
+  state: Any                     # like the `like_state` given to restore_latest
+  data: dict                     # the data iterator's state
+  unlogged_metrics: list         # JSON: per-step metrics since the last log (a stop between logs)
+
 
 class Checkpoints:
-  """Async, keep-N checkpoints in `directory`, each holding {state, data iterator state}.
-
-  restore_latest() returns the newest checkpoint that can be read; a checkpoint that
-  cannot (truncated, corrupted) is moved to `<directory>_unreadable/<step>` with a
-  warning, and the previous one is tried.
-  """
+  """Async, keep-N checkpoints in `directory`, each holding the train state, the data
+  iterator's state and the per-step metrics not logged yet (JSON)."""
 
   def __init__(self, directory: str, keep: int, is_async: bool = True):
     self.directory = os.path.abspath(directory)
     self.options = ocp.CheckpointManagerOptions(max_to_keep=keep,
                                                 enable_async_checkpointing=is_async)
-    self.manager = ocp.CheckpointManager(self.directory, options=self.options)
+    self.manager = self._open()
+    self.pending: int | None = None      # the step of a save that may still be in flight
 
-  def save(self, step: int, state, data_state: dict) -> None:
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=True)
+  def _open(self) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(self.directory, options=self.options, item_handlers={
+        "state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler(),
+        "unlogged_metrics": ocp.JsonCheckpointHandler()})
+
+  def save(self, step: int, state, data_state: dict, unlogged_metrics: list = ()) -> None:
+    """Starts writing a checkpoint of `step` (in the background when async)."""
+    self.raise_if_failed(wait=True)
+    try:
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+          unlogged_metrics=ocp.args.JsonSave(list(unlogged_metrics))), force=True)
+    except Exception as error:  # noqa: BLE001 - any failure to write stops the run
+      raise self._save_error(step, error) from error
+    self.pending = step
+
+  def raise_if_failed(self, wait: bool = False) -> None:
+    """CheckpointSaveError if the last save has ended without its step on disk.
+
+    Cheap while that save is still running (nothing to check yet) unless `wait`.
+    """
+    if self.pending is None or (not wait and self.manager.is_saving_in_progress()):
+      return
+    step, self.pending = self.pending, None
+    try:
+      self.manager.wait_until_finished()
+    except Exception as error:  # noqa: BLE001
+      raise self._save_error(step, error) from error
+    if jax.process_index() == 0 and not os.path.isdir(os.path.join(self.directory, str(step))):
+      raise self._save_error(step, None)
+
+  def _save_error(self, step: int, error: Exception | None) -> CheckpointSaveError:
+    reason = _first_line(error) if error is not None else _disk_hint(self.directory)
+    kept = [s for s in self.manager.all_steps() if s != step]
+    last = f"step {max(kept)}" if kept else "none yet"
+    return CheckpointSaveError(
+        f"the checkpoint of step {step} could not be written to {self.directory} ({reason}); "
+        f"stopping. The last complete checkpoint ({last}) is kept: make room and run the same "
+        "command again to resume")
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def restore_latest(self, like_state):
-    """(step, state, data_state) of the newest readable checkpoint, or None if none is.
+  def restore_latest(self, like_state) -> Restored | None:
+    """The newest readable checkpoint, or None if none is.
 
-    like_state: a state pytree with the right structure, shapes and dtypes.
+    like_state: a state pytree with the right structure, shapes and dtypes. Raises
+    CheckpointMismatchError if a readable checkpoint holds a different tree.
     """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like_state)
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
-        return step, restored.state, restored.data
-      except Exception as error:  # noqa: BLE001 - any unreadable checkpoint falls back
+        metadata = self.manager.item_metadata(step)
+        saved = metadata["state"]
+      except Exception as error:  # noqa: BLE001 - metadata that cannot be read: unreadable
+        self._set_aside(step, error)
+        continue
+      difference = first_difference(_shapes(getattr(saved, "tree", saved)), _shapes(abstract))
+      if difference:
+        raise CheckpointMismatchError(
+            f"the checkpoint at step {step} in {self.directory} does not match the model: "
+            f"{difference}. Nothing was moved: run the code that wrote it, or give a new "
+            "--workdir")
+      items = dict(state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore())
+      if "unlogged_metrics" in metadata.keys():     # checkpoints written before it lack it
+        items["unlogged_metrics"] = ocp.args.JsonRestore()
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        return Restored(step, restored.state, restored.data,
+                        restored.get("unlogged_metrics") or [])
+      except Exception as error:  # noqa: BLE001 - arrays that cannot be read: unreadable
         self._set_aside(step, error)
     return None
 
   def _set_aside(self, step: int, error: Exception) -> None:
-    aside = os.path.join(f"{self.directory}_unreadable", str(step))
+    aside = _free_name(os.path.join(f"{self.directory}{UNREADABLE_SUFFIX}", str(step)))
     logging.warning("checkpoint at step %d cannot be read (%s: %s); moved to %s, falling "
                     "back to the previous checkpoint", step, type(error).__name__,
-                    str(error).splitlines()[0][:200] if str(error) else "", aside)
+                    _first_line(error), aside)
     if jax.process_index() == 0:
       os.makedirs(os.path.dirname(aside), exist_ok=True)
-      shutil.rmtree(aside, ignore_errors=True)
       shutil.move(os.path.join(self.directory, str(step)), aside)
     self.manager.close()
-    self.manager = ocp.CheckpointManager(self.directory, options=self.options)
+    self.manager = self._open()
 
   def close(self) -> None:
-    """Waits for pending saves to reach disk."""
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits for pending saves to reach disk; CheckpointSaveError if the last one failed."""
+    try:
+      self.raise_if_failed(wait=True)
+    finally:
+      self.manager.close()
+
+
+def _shapes(tree) -> dict[str, tuple]:
+  """{'params/encoder/kernel': shape, ...} of a state pytree or its Orbax metadata tree."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {"/".join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def _key_name(key) -> str:
+  for attribute in ("key", "name", "idx"):
+    if hasattr(key, attribute):
+      return str(getattr(key, attribute))
+  return str(key)
+
+
+def first_difference(saved: dict[str, tuple], model: dict[str, tuple]) -> str | None:
+  """The first path (parameters before optimizer state) that differs, in words, or None."""
+  paths = sorted(set(saved) | set(model), key=lambda p: (not p.startswith("params/"), p))
+  for path in paths:
+    if path not in model:
+      return f"{path} {saved[path]} is in the checkpoint but not in the model"
+    if path not in saved:
+      return f"{path} {model[path]} is in the model but not in the checkpoint"
+    if saved[path] != model[path]:
+      return f"{path} has shape {saved[path]} in the checkpoint and {model[path]} in the model"
+  return None
+
+
+def _free_name(path: str) -> str:
+  """path, or path.1, path.2, ... whichever does not exist yet."""
+  candidate, n = path, 0
+  while os.path.exists(candidate):
+    n += 1
+    candidate = f"{path}.{n}"
+  return candidate
+
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+def _disk_hint(directory: str) -> str:
+  free = shutil.disk_usage(directory).free
+  return f"the save did not complete; {free / 2**20:.0f} MiB free on its disk"

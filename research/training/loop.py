@@ -1,10 +1,22 @@
-"""train_and_evaluate(config, workdir): the one train loop behind every experiment."""
+"""train_and_evaluate(config, workdir, task): the one train loop behind every experiment.
+
+The loop is handed its task (a `research.training.task.TaskBuilder`, e.g.
+`research.tasks.get(config.task)`) and knows nothing of where experiments live. What a
+run guarantees:
+
+  kill -9, a crash      rerunning the command resumes from the latest checkpoint and
+                        reproduces the uninterrupted run's losses exactly
+  SIGTERM / Ctrl-C      a checkpoint of the current step is written first (Stopped)
+  unreadable checkpoint set aside (never replacing an earlier copy), the previous one used
+  changed model         CheckpointMismatchError; every checkpoint stays where it was
+  a failed save         CheckpointSaveError at the next step; the last complete one stays
+  NaN / Inf loss        NonFiniteLossError naming the step; the last good checkpoint stays
+  a second run          WorkdirError while a live run holds the workdir
+"""
 
 import contextlib
-import importlib
 import json
 import os
-import pkgutil
 import signal
 import statistics
 import sys
@@ -14,10 +26,12 @@ import time
 import jax
 import numpy as np
 
-import research.tasks
+from research.errors import ConfigError, RunFailed
 from research.training import parallel, plots
+from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.metrics import MetricsWriter, NonFiniteLossError, Progress
+from research.training.task import TaskBuilder
 from research.training.train_step import (
   init_state,
   learning_rate_schedule,
@@ -25,46 +39,59 @@ from research.training.train_step import (
   make_optimizer,
   make_train_step,
 )
-from research.training.validation import ConfigError, check_batch_size, check_shared
+from research.training.validation import check_batch_size, check_shared
 
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Preempted(Exception):
-  """SIGTERM arrived; a checkpoint of the current step was written."""
+class Stopped(Exception):
+  """SIGINT (Ctrl-C) or SIGTERM arrived; a checkpoint of the current step was written."""
+
+  def __init__(self, signum: int, step: int, directory: str):
+    self.signum = signum
+    super().__init__(f"{signal.Signals(signum).name} at step {step}: checkpoint saved in "
+                     f"{directory}; run the same command again to resume")
 
 
-def task_module(config):
-  names = sorted(m.name for m in pkgutil.iter_modules(research.tasks.__path__))
-  if config.task not in names:
-    raise ConfigError(f"config.task={config.task!r} is not allowed; choose one of: "
-                      f"{', '.join(map(repr, names))}")
-  return importlib.import_module(f"research.tasks.{config.task}")
+class WriteError(RunFailed):
+  """A file of the workdir could not be written (a full disk, say)."""
 
 
-def validate(config) -> None:
+def validate(config, task: TaskBuilder) -> None:
   """Raises ConfigError for any bad value, before anything is built or compiled."""
   check_shared(config)
   check_batch_size(config)
-  task_module(config).validate(config)
+  task.validate(config)
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains `config.task` in `workdir`, resuming from its latest checkpoint.
+def train_and_evaluate(config, workdir: str, task: TaskBuilder) -> dict:
+  """Validates `config`, then trains `task` in `workdir` (see `train`)."""
+  validate(config, task)
+  return train(config, workdir, task)
+
+
+def train(config, workdir: str, task: TaskBuilder) -> dict:
+  """Trains a config that `validate` accepted in `workdir`, resuming from its latest
+  checkpoint.
 
   Returns the final metrics (also written to final_metrics.json): the last
   evaluation, the task's report, and perf/* figures (compile seconds, steps/s).
-  Raises ConfigError (bad config), NonFiniteLossError (NaN/Inf loss), Preempted (SIGTERM).
+  Raises WorkdirError, ConfigError (a workdir of another config), InputError (a
+  malformed data file), CheckpointMismatchError, Stopped, or a RunFailed.
   """
-  validate(config)
-  os.makedirs(workdir, exist_ok=True)
-  _write_config(config, workdir)
+  with workdirs.hold(workdir):
+    _write_config(config, workdir)
+    return _train(config, workdir, task)
+
+
+def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   train = config.train
 
   # ---- Task, optimizer, initial state --------------------------------------------------
   strategy = parallel.make_strategy(train.parallelism)
-  task = task_module(config).build(config)
+  task = task_builder.build(config)
   _write_files(task.files, workdir)
   optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
@@ -72,14 +99,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   # ---- Resume -------------------------------------------------------------------------
   checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), train.keep_checkpoints)
-  start, restored = 0, checkpoints.restore_latest(state)
+  start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
   if restored is not None:
-    start, state, data_state = restored
-    task.train_data.set_state(data_state)
+    start, state, unlogged = restored.step, restored.state, _from_json(restored.unlogged_metrics)
+    task.train_data.set_state(restored.data)
     if jax.process_index() == 0:
       print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
-  writer = MetricsWriter(workdir)
-  writer.truncate(start)
+  writer = MetricsWriter(workdir, resume_step=start)
   state = strategy.put_state(state)
 
   # ---- Compile --------------------------------------------------------------------------
@@ -105,34 +131,38 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   # ---- Loop -----------------------------------------------------------------------------
   progress, rates, pending = Progress(train.num_steps, start), [], []
-  try:
-    with _sigterm_flag() as sigterm:
+  with _closing(checkpoints, progress, writer), _stop_signals() as stop:
+    try:
       for step in range(start + 1, train.num_steps + 1):
         if step > start + 1:
           batch = strategy.put_batch(next(task.train_data))
         state, metrics = train_step(state, batch)
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
-        if is_log or sigterm.is_set():
-          window = _check_finite(jax.device_get([strategy.host_metrics(m) for m in pending]),
-                                 step - len(pending) + 1, checkpoints.latest_step())
+        if is_log or stop.signum:
+          unlogged += _check_finite(jax.device_get([strategy.host_metrics(m) for m in pending]),
+                                    step - len(pending) + 1, checkpoints.latest_step())
           pending = []
         if is_log:
-          means = {f"train/{k}": float(np.mean([m[k] for m in window])) for k in window[0]}
+          means = {f"train/{k}": float(np.mean([m[k] for m in unlogged])) for k in unlogged[0]}
           rates.append(progress.update(step, means["train/loss"]))
           writer.write(step, means)
+          unlogged = []
         if step % train.eval_every == 0 or step == train.num_steps:
           writer.write(step, evaluate(state))
           plots.plot_curves(writer.history, os.path.join(workdir, "loss.png"))
-        if step % train.checkpoint_every == 0 or step == train.num_steps or sigterm.is_set():
-          checkpoints.save(step, strategy.host_state(state), task.train_data.get_state())
-        if sigterm.is_set():
-          raise Preempted(f"SIGTERM at step {step}: checkpoint saved in "
-                          f"{checkpoints.directory}; run the same command again to resume")
-  finally:
-    checkpoints.close()
-    progress.close()
-    writer.close()
+        if step % train.checkpoint_every == 0 or step == train.num_steps or stop.signum:
+          checkpoints.save(step, strategy.host_state(state), task.train_data.get_state(),
+                           _to_json(unlogged))
+        checkpoints.raise_if_failed()
+        if stop.signum:
+          checkpoints.raise_if_failed(wait=True)
+          raise Stopped(stop.signum, step, checkpoints.directory)
+    except OSError as error:
+      raise WriteError(f"cannot write {error.filename or workdir} ({error.strerror or error}); "
+                       f"stopping. The last complete checkpoint (step "
+                       f"{checkpoints.latest_step()}) is kept: make room and run the same "
+                       "command again to resume") from error
 
   # ---- Final evaluation and report ------------------------------------------------------
   final = {k: v for r in writer.history if r["step"] == train.num_steps for k, v in r.items()
@@ -158,18 +188,58 @@ def _check_finite(window: list[dict], first_step: int, last_checkpoint: int | No
   return window
 
 
+def _to_json(metrics: list[dict]) -> list[dict]:
+  """Per-step host metrics -> JSON, each value with its dtype so that the logged mean of a
+  window split by a stop and resume equals the uninterrupted one bit for bit."""
+  return [{k: [float(v), np.asarray(v).dtype.name] for k, v in m.items()} for m in metrics]
+
+
+def _from_json(rows: list[dict]) -> list[dict]:
+  return [{k: np.asarray(value, dtype) for k, (value, dtype) in row.items()} for row in rows]
+
+
 @contextlib.contextmanager
-def _sigterm_flag():
-  """An Event set by SIGTERM while the loop runs (main thread only; else never set)."""
-  flag = threading.Event()
+def _closing(checkpoints: Checkpoints, progress: Progress, writer: MetricsWriter):
+  """Closes the loop's writers; after a failure, their own errors do not hide the first."""
+  try:
+    yield
+  except BaseException:
+    for close in (checkpoints.close, progress.close, writer.close):
+      with contextlib.suppress(Exception):
+        close()
+    raise
+  checkpoints.close()
+  progress.close()
+  writer.close()
+
+
+class _StopFlag:
+  signum: int = 0      # the first stop signal received, 0 before any
+
+
+@contextlib.contextmanager
+def _stop_signals():
+  """A flag set by SIGINT or SIGTERM while the loop runs (main thread only; else never set).
+
+  A second Ctrl-C while the current step finishes and saves raises KeyboardInterrupt.
+  """
+  flag = _StopFlag()
   if threading.current_thread() is not threading.main_thread():
     yield flag
     return
-  previous = signal.signal(signal.SIGTERM, lambda *_: flag.set())
+
+  def handle(signum, frame):
+    del frame
+    if flag.signum == signal.SIGINT and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    flag.signum = flag.signum or signum
+
+  previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS}
   try:
     yield flag
   finally:
-    signal.signal(signal.SIGTERM, previous)
+    for s, handler in previous.items():
+      signal.signal(s, handler)
 
 
 def _write_config(config, workdir: str) -> None:

@@ -1,5 +1,6 @@
 """Workdir metrics: metrics.jsonl, TensorBoard events, a live progress line."""
 
+import contextlib
 import json
 import math
 import os
@@ -7,50 +8,97 @@ import sys
 import time
 
 import jax
-from tensorboardX import SummaryWriter
+
+from research.errors import RunFailed
 
 METRICS_FILE = "metrics.jsonl"
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(RunFailed, FloatingPointError):
   """The training loss became NaN or Inf."""
 
 
 class MetricsWriter:
   """Appends {"step": n, "train/loss": ..., ...} lines; only process 0 writes.
 
-  On resume, `truncate(step)` drops records after the restored step so that the file
-  reads as if the run had never stopped.
+  metrics.jsonl is append-only and reads as one history in step order: a run resumed
+  from the checkpoint of step `resume_step` first moves the records after that step
+  (written before a crash or kill) to `metrics.after_step_<resume_step>[.n].jsonl`, then
+  cuts them off the end of metrics.jsonl, whose earlier bytes stay as they were.
+  TensorBoard is told to purge its events after `resume_step` likewise.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, resume_step: int = 0):
     self.path = os.path.join(workdir, METRICS_FILE)
     self.enabled = jax.process_index() == 0
-    self.history: list[dict] = []
-    self.tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard")) if self.enabled else None
+    self.history = self._resume(resume_step)
+    from tensorboardX import SummaryWriter  # noqa: PLC0415 - on first use: it imports torch if there (2 s)
 
-  def truncate(self, step: int) -> None:
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        self.history = [r for r in map(json.loads, f) if r["step"] <= step]
-    if self.enabled:
-      with open(self.path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in self.history)
+    self.tensorboard = SummaryWriter(
+        os.path.join(workdir, "tensorboard"),
+        purge_step=resume_step + 1 if resume_step else None) if self.enabled else None
+
+  def _resume(self, step: int) -> list[dict]:
+    """The records up to `step`; later ones (and a torn last line) move to their own file."""
+    if not os.path.exists(self.path):
+      return []
+    with open(self.path, "rb") as f:
+      lines = f.readlines()
+    history, offset = [], 0
+    for line in lines:
+      record = _parse(line)
+      if record is None or record["step"] > step:
+        break
+      history.append(record)
+      offset += len(line)
+    tail = b"".join(lines)[offset:]
+    if tail and self.enabled:
+      stem = os.path.join(os.path.dirname(self.path), f"metrics.after_step_{step}")
+      aside, n = f"{stem}.jsonl", 0
+      while os.path.exists(aside):
+        n += 1
+        aside = f"{stem}.{n}.jsonl"
+      with open(aside, "wb") as f:
+        f.write(tail)
+        f.flush()
+        os.fsync(f.fileno())
+      os.truncate(self.path, offset)
+    return history
 
   def write(self, step: int, metrics: dict) -> None:
     record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
     self.history.append(record)
     if not self.enabled:
       return
-    with open(self.path, "a") as f:
+    with _naming(self.path), open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
-    for name, value in metrics.items():
-      self.tensorboard.add_scalar(name, float(value), step)
-    self.tensorboard.flush()
+    with _naming(self.tensorboard.logdir):
+      for name, value in metrics.items():
+        self.tensorboard.add_scalar(name, float(value), step)
+      self.tensorboard.flush()
 
   def close(self) -> None:
     if self.tensorboard is not None:
       self.tensorboard.close()
+
+
+@contextlib.contextmanager
+def _naming(path: str):
+  """Re-raises an OSError of the block with `path` as its file name (a full disk, say)."""
+  try:
+    yield
+  except OSError as error:
+    raise OSError(error.errno, error.strerror, path) from error
+
+
+def _parse(line: bytes) -> dict | None:
+  """A complete metrics.jsonl record, or None for a torn (half-written) line."""
+  if not line.endswith(b"\n"):
+    return None
+  try:
+    return json.loads(line)
+  except ValueError:
+    return None
 
 
 class Progress:

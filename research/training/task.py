@@ -1,12 +1,14 @@
 """The contract between an experiment and the train loop.
 
-Each `research.tasks.<name>` module (named by `config.task`) provides
+An experiment's task is a `TaskBuilder` (registered in `research.tasks` under the name
+that `config.task` holds) with
 
   validate(config) -> None     raises ConfigError naming the key and the allowed values
   build(config) -> Task        model, data and pure loss / evaluation functions
 
-and the loop does the rest (devices, optimizer, checkpoints, metrics). Everything in
-a Task except the data streams is a pure function of parameters, batches and keys.
+and the loop, which is handed the TaskBuilder, does the rest (devices, optimizer,
+checkpoints, metrics). Everything in a Task except the data streams is a pure function
+of parameters, batches and keys.
 """
 
 from collections.abc import Callable
@@ -52,3 +54,12 @@ class Task(NamedTuple):
   # report(params) after the last step (decoding, sample predictions, heatmaps).
   files: dict[str, str] = {}
   # file name -> content, written into the workdir at the start (e.g. vocabularies).
+
+
+class TaskBuilder(NamedTuple):
+  """A task as the loop receives it."""
+  name: str                                        # the value of config.task
+  validate: Callable[[Any], None]
+  # validate(config): ConfigError for a bad config.model / config.data value, before any build.
+  build: Callable[[Any], Task]
+  # build(config) -> Task for a validated config; InputError for a malformed user file.

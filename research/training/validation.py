@@ -5,11 +5,8 @@ from collections.abc import Iterable
 import jax
 import ml_collections
 
+from research.errors import ConfigError
 from research.training.parallel import STRATEGIES
-
-
-class ConfigError(ValueError):
-  """A bad configuration value: the message names the key and what is allowed."""
 
 
 def get(config: ml_collections.ConfigDict, key: str):
@@ -43,6 +40,8 @@ def check_divides(config, divisor_key: str, key: str) -> None:
   if value % divisor:
     raise ConfigError(f"config.{divisor_key}={divisor} must divide config.{key}={value}")
 
+
+COMPUTE_DTYPES = ("float32", "bfloat16")   # config.model.dtype: the dtype of matrix products
 
 TRAIN_POSITIVE = ("num_steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
                   "keep_checkpoints", "learning_rate")

@@ -1,5 +1,7 @@
 """Tokenisation, vocabularies, the TSV reader and padding, on hand-written examples."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from research.data.text import (
   read_parallel_corpus,
   tokenize,
 )
+from research.errors import InputError
 
 
 def test_tokenize():
@@ -71,21 +74,41 @@ def test_read_parallel_corpus(tmp_path):
 def test_malformed_line_names_file_and_line(tmp_path, bad_line, problem):
   path = tmp_path / "corpus.tsv"
   path.write_text(f"a\tb\n\nc\td\n{bad_line}\ne\tf\n", encoding="utf-8")
-  with pytest.raises(ValueError, match=rf"corpus\.tsv:4: {problem}"):
+  with pytest.raises(InputError, match=rf"corpus\.tsv:4: {problem}"):
     read_parallel_corpus(path)
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path):
   path = tmp_path / "latin1.tsv"
   path.write_bytes(b"a\tb\n" + "é\te\n".encode("latin-1"))
-  with pytest.raises(ValueError, match=r"latin1\.tsv:2: not UTF-8"):
+  with pytest.raises(InputError, match=r"latin1\.tsv:2: not UTF-8"):
     read_parallel_corpus(path)
 
 
-def test_read_rejects_unknown_level(tmp_path):
+@pytest.mark.parametrize("content", ["", "\n\n", "\ufeff\r\n  \r\n"])
+def test_a_file_without_pairs_is_named(tmp_path, content):
   path = tmp_path / "empty.tsv"
-  path.write_text("")
-  assert read_parallel_corpus(path) == []
+  path.write_text(content, encoding="utf-8")
+  with pytest.raises(InputError, match=r"empty\.tsv: no source<TAB>target pair.*empty"):
+    read_parallel_corpus(path)
+
+
+def test_pairs_longer_than_max_length_are_skipped_and_counted(tmp_path, caplog):
+  path = tmp_path / "long.tsv"
+  path.write_text("ab\tc\n" + "x" * 50_000 + "\ty\nde\tfghi\nj\t" + "k" * 5 + "\n",
+                  encoding="utf-8")
+  with caplog.at_level(logging.WARNING):
+    pairs = read_parallel_corpus(path, max_length=4)
+  assert pairs == [(["a", "b"], ["c"]), (["d", "e"], ["f", "g", "h", "i"])]
+  assert "long.tsv: skipped 2 of 4 pairs with a side longer than 4 char tokens" in caplog.text
+  assert len(read_parallel_corpus(path)) == 4
+  with pytest.raises(InputError, match=r"all 4 are longer than 0 tokens"):
+    read_parallel_corpus(path, max_length=0)
+
+
+def test_read_rejects_unknown_level(tmp_path):
+  path = tmp_path / "pairs.tsv"
+  path.write_text("a\tb\n")
   with pytest.raises(ValueError, match="tokenisation level"):
     read_parallel_corpus(path, level="sentence")
 

@@ -48,12 +48,13 @@ def test_transformer_output_shapes(head, shape, token_inputs):
   assert {f"block{i}" for i in range(2)} <= set(params)
 
 
-@pytest.mark.parametrize("window, reaches", [(None, True), (2, False)])
-def test_transformer_first_position_reads_the_last_input_unless_windowed(window, reaches):
+@pytest.mark.parametrize("attention, window, reaches", [("full", 0, True), ("local", 2, False)])
+def test_transformer_first_position_reads_the_last_input_unless_windowed(attention, window,
+                                                                         reaches):
   """Self-attention is not causal: output 0 changes when only input L - 1 changes, except
   with a sliding window narrower than L - 1 (one block reaches `window` positions)."""
   model = SequenceModel(kind="transformer", hidden_size=8, num_layers=1, num_outputs=5,
-                        vocab_size=V, num_heads=2, window=window)
+                        vocab_size=V, num_heads=2, attention=attention, window=window)
   x = tokens()
   changed = x.at[:, -1].set((x[:, -1] + 1) % V)
   params = jax.jit(model.init)(jax.random.key(0), x)["params"]
@@ -74,8 +75,9 @@ def test_sinusoidal_positions_follow_the_formula():
   np.testing.assert_allclose(sinusoidal_positions(length, features), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("field, value", [("kind", "mamba"), ("head", "first")])
-def test_unknown_kind_or_head_is_rejected(field, value):
+@pytest.mark.parametrize("field, value", [("kind", "mamba"), ("head", "first"),
+                                          ("attention", "sparse"), ("attention", "local")])
+def test_unknown_kind_head_or_attention_is_rejected(field, value):
   model = SequenceModel(**{"kind": "lstm", "hidden_size": 4, "num_layers": 1, "num_outputs": 2,
                            field: value})
   with pytest.raises(ValueError, match=f"{field} must be one of"):

@@ -65,7 +65,11 @@ def test_sweep_covers_every_model_and_length_and_validates():
     ({"data.task": "sort"}, "config.data.task='sort' is not allowed; choose one of: 'copy'"),
     ({"model.kind": "mamba"}, "config.model.kind='mamba' is not allowed; choose one of: 'rnn'"),
     ({"model.attention": "sparse"}, "config.model.attention='sparse' is not allowed; choose "
-                                    "one of: 'dense'"),
+                                    "one of: 'full', 'local'"),
+    ({"model.implementation": "flash"}, "config.model.implementation='flash' is not allowed; "
+                                        "choose one of: 'dense', 'chunked', 'banded'"),
+    ({"model.dtype": "float8"}, "config.model.dtype='float8' is not allowed; choose one of: "
+                                "'float32', 'bfloat16'"),
     ({"data.length": 0}, "config.data.length=0 must be a number > 0"),
     ({"data.num_symbols": -1}, "config.data.num_symbols=-1 must be a number > 0"),
     ({"data.num_items": 0}, "config.data.num_items=0 must be a number > 0"),
@@ -80,8 +84,12 @@ def test_sweep_covers_every_model_and_length_and_validates():
                                                    "config.data.num_symbols=5"),
     ({"model.kind": "transformer", "model.num_heads": 3}, "config.model.num_heads=3 must divide "
                                                           "config.model.hidden_size=16"),
-    ({"model.kind": "transformer", "model.attention": "banded"},
-     "config.model.attention='banded' needs config.model.window > 0"),
+    ({"model.kind": "transformer", "model.attention": "local"},
+     "config.model.window=0 with config.model.attention='local': 'local' needs a window > 0"),
+    ({"model.kind": "transformer", "model.window": 3},
+     "config.model.window=3 with config.model.attention='full'"),
+    ({"model.kind": "transformer", "model.implementation": "banded"},
+     "config.model.implementation='banded' cannot do"),
 ])
 def test_bad_values_are_named(overrides, message):
   config = small_config()

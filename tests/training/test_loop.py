@@ -4,25 +4,21 @@ import json
 import logging
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tiny
 
-import research.tasks.sequence_tasks as sequence_tasks
+from research.errors import CheckpointMismatchError
 from research.training.loop import train_and_evaluate
 from research.training.metrics import NonFiniteLossError
 from research.training.sweep import run_sweep
 
 
-def _records(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
 def test_trains_once_compiled_and_fills_the_workdir(tmp_path, capsys):
   workdir = str(tmp_path)
-  final = train_and_evaluate(tiny.config(), workdir)
-  records = _records(workdir)
+  final = train_and_evaluate(tiny.config(), workdir, tiny.task())
+  records = tiny.records(workdir)
   losses = [r["train/loss"] for r in records if "train/loss" in r]
   assert [r["step"] for r in records if "train/loss" in r] == list(range(10, 61, 10))
   assert losses[-1] < 0.7 * losses[0]
@@ -58,38 +54,77 @@ class _PoisonedStream:
     self.stream.set_state(state)
 
 
-def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-  build = sequence_tasks.build
-  monkeypatch.setattr(sequence_tasks, "build", lambda config: build(config)._replace(
-      train_data=_PoisonedStream(build(config).train_data, first_bad=26)))
+def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path):
+  task = tiny.task()
+  poisoned = task._replace(build=lambda config: task.build(config)._replace(
+      train_data=_PoisonedStream(task.build(config).train_data, first_bad=26)))
   with pytest.raises(NonFiniteLossError, match=r"loss is nan at step 26.*checkpoint \(step 20\)"):
-    train_and_evaluate(tiny.config(), str(tmp_path))
+    train_and_evaluate(tiny.config(), str(tmp_path), poisoned)
   assert os.listdir(tmp_path / "checkpoints") == ["20"]
 
 
-def test_unreadable_latest_checkpoint_falls_back_with_a_warning(tmp_path, caplog, capsys):
-  workdir = str(tmp_path)
-  train_and_evaluate(tiny.config(), workdir)
-  for root, _, files in os.walk(tmp_path / "checkpoints" / "60" / "state"):
+def _corrupt(checkpoint, data_files_only: bool) -> None:
+  """Truncates every file of a checkpoint's state, or only its array data (then the
+  metadata still reads and the restore itself fails)."""
+  for root, _, files in os.walk(checkpoint / "state"):
     for name in files:
-      open(os.path.join(root, name), "w").close()          # truncate every file
-  with caplog.at_level(logging.WARNING):
-    train_and_evaluate(tiny.config(**{"train.num_steps": 80}), workdir)
-  assert "checkpoint at step 60 cannot be read" in caplog.text
-  assert "resuming from the checkpoint at step 40" in capsys.readouterr().err
-  assert os.path.isdir(tmp_path / "checkpoints_unreadable" / "60")
-  assert sorted(os.listdir(tmp_path / "checkpoints"), key=int)[-1] == "80"
+      if not data_files_only or os.sep + "d" in root:
+        open(os.path.join(root, name), "w").close()
+
+
+def test_unreadable_checkpoints_are_set_aside_without_replacing_each_other(tmp_path, caplog,
+                                                                            capsys):
+  workdir = str(tmp_path)
+  train_and_evaluate(tiny.config(), workdir, tiny.task())
+  uninterrupted = tiny.records(workdir)
+  for attempt, data_files_only in enumerate((False, True)):
+    _corrupt(tmp_path / "checkpoints" / "60", data_files_only)
+    with caplog.at_level(logging.WARNING):
+      train_and_evaluate(tiny.config(), workdir, tiny.task())
+    assert "checkpoint at step 60 cannot be read" in caplog.text
+    assert "resuming from the checkpoint at step 40" in capsys.readouterr().err
+    assert tiny.records(workdir) == uninterrupted   # one history, retrained exactly
+    aside = f"metrics.after_step_40{'.1' if attempt else ''}.jsonl"
+    assert [r["step"] for r in tiny.records(workdir) if r["step"] > 40] == [
+        json.loads(line)["step"] for line in (tmp_path / aside).read_text().splitlines()]
+  assert sorted(os.listdir(tmp_path / "checkpoints_unreadable")) == ["60", "60.1"]
+  assert sorted(os.listdir(tmp_path / "checkpoints"), key=int) == ["20", "40", "60"]
+
+
+def _tree(directory) -> dict:
+  return {os.path.join(root, name): os.path.getsize(os.path.join(root, name))
+          for root, _, names in os.walk(directory) for name in names}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda params: {("rnn" if k == "recurrent" else k): v for k, v in params.items()},
+     r"params/recurrent/\S+ \([\d, ]+\) is in the checkpoint but not in the model"),
+    (lambda params: {**params, "head": {**params["head"], "kernel": jnp.zeros((16, 2))}},
+     r"params/head/kernel has shape \(16, 1\) in the checkpoint and \(16, 2\) in the model"),
+])
+def test_a_checkpoint_of_another_model_stops_the_run_and_moves_nothing(tmp_path, change, message):
+  """The code renamed or reshaped a parameter since the checkpoints were written."""
+  workdir = str(tmp_path)
+  train_and_evaluate(tiny.config(), workdir, tiny.task())
+  before = _tree(tmp_path)
+  task = tiny.task()
+  edited = task._replace(build=lambda config: (lambda t: t._replace(
+      init=lambda rng: change(t.init(rng))))(task.build(config)))
+  with pytest.raises(CheckpointMismatchError, match="checkpoint at step 60 .* does not match "
+                                                    "the model: " + message):
+    train_and_evaluate(tiny.config(**{"train.num_steps": 80}), workdir, edited)
+  assert _tree(tmp_path) == before                   # every checkpoint and metric in place
 
 
 def test_sweep_writes_a_summary_and_skips_finished_points(tmp_path):
   config = tiny.config(**{"train.num_steps": 20, "train.eval_every": 20})
   points = [{"model.kind": "rnn"}, {"model.kind": "gru"}]
-  rows = run_sweep(config, points, str(tmp_path))
+  rows = run_sweep(config, points, str(tmp_path), tiny.task())
   assert [r["model.kind"] for r in rows] == ["rnn", "gru"]
   assert rows[0]["eval/loss"] != rows[1]["eval/loss"]
   done = tmp_path / "model.kind=gru" / "final_metrics.json"
   stamp = os.path.getmtime(done)
-  assert run_sweep(config, points, str(tmp_path)) == rows
+  assert run_sweep(config, points, str(tmp_path), tiny.task()) == rows
   assert os.path.getmtime(done) == stamp
   with open(tmp_path / "summary.csv") as f:
     header, *lines = f.read().splitlines()

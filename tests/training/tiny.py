@@ -1,8 +1,10 @@
 """A tiny sequence_tasks config shared by the runtime tests: seconds per run on 2 cores."""
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "experiments", "sequence_tasks.py") + ":task=adding,model=lstm"
@@ -17,8 +19,15 @@ def config(**overrides):
   import launch  # noqa: PLC0415
   from research.training.validation import apply_overrides  # noqa: PLC0415
 
-  module, args = launch.load_config_module(CONFIG)
-  return apply_overrides(module.get_config(args), {**OVERRIDES, **overrides})
+  loaded, _ = launch.load_config(CONFIG)
+  return apply_overrides(loaded, {**OVERRIDES, **overrides})
+
+
+def task():
+  """The tiny config's task, as launch.py resolves it."""
+  from research import tasks  # noqa: PLC0415
+
+  return tasks.get("sequence_tasks")
 
 
 def launch_command(workdir: str, **overrides) -> list[str]:
@@ -35,3 +44,31 @@ def environment(devices: int = 1) -> dict:
 def run(workdir: str, devices: int = 1, **overrides) -> subprocess.CompletedProcess:
   return subprocess.run(launch_command(workdir, **overrides), env=environment(devices),
                         capture_output=True, text=True, timeout=600)
+
+
+def start(workdir: str, devices: int = 1, **overrides) -> subprocess.Popen:
+  """launch.py on the tiny config in the background, its output captured."""
+  return subprocess.Popen(launch_command(workdir, **overrides), env=environment(devices),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def records(workdir: str, name: str | None = None) -> list:
+  """metrics.jsonl's records, or the (step, value) pairs of metric `name`."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    rows = [json.loads(line) for line in f if line.endswith("\n")]
+  return rows if name is None else [(r["step"], r[name]) for r in rows if name in r]
+
+
+def wait_for_step(workdir: str, step: int, process: subprocess.Popen, timeout: float = 300):
+  """Blocks until metrics.jsonl has a train/loss record at `step` or later; the run must
+  still be going on."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    assert process.poll() is None, process.communicate()[1][-2000:]
+    if any(s >= step for s, _ in records(workdir, "train/loss")):
+      return
+    time.sleep(0.01)
+  raise TimeoutError(f"no step {step} within {timeout} s")

@@ -1,0 +1,31 @@
+"""Errors a user can cause, raised before anything is compiled where possible.
+
+Each message names the thing at fault (a config key, a file and line, a workdir) and
+what is allowed. `launch.py` prints a `UserError` as one line `error: ...` and exits
+with status 2 (`--verbose` shows the traceback); `RunFailed` ends a run that had
+started (status 1) and says which checkpoint is kept.
+"""
+
+
+class UserError(Exception):
+  """A problem the user can fix: bad configuration, input file or workdir."""
+
+
+class ConfigError(UserError, ValueError):
+  """A bad configuration value or config file."""
+
+
+class InputError(UserError, ValueError):
+  """A data file the user supplied is malformed: the message names the file and line."""
+
+
+class WorkdirError(UserError):
+  """The workdir cannot be used: not writable, not a directory, or held by a live run."""
+
+
+class CheckpointMismatchError(UserError):
+  """A readable checkpoint whose parameter tree differs from the model's."""
+
+
+class RunFailed(Exception):
+  """A started run cannot go on (a non-finite loss, a failed save)."""

@@ -1,0 +1,269 @@
+"""The implementation registry: every entry against jax.nn.dot_product_attention, the
+capability table driving the errors, and implementations registered by a user (a TPU-only
+one refused on CPU and called when the backend is mocked), in a registry copy per test."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.attention import (
+    AttentionRequest,
+    Implementation,
+    MultiHeadAttention,
+    dot_product_attention,
+    implementation_names,
+    implementations,
+    register_implementation,
+)
+from research.attention.implementations import FLOAT_DTYPES
+
+B, Q, K, H, D = 2, 9, 11, 4, 8     # batch, q_len, kv_len, heads, head_dim
+
+
+@pytest.fixture
+def registry(monkeypatch):
+  """A copy of the registry for one test, so that its registrations do not leak."""
+  monkeypatch.setattr(implementations, "_REGISTRY", dict(implementations._REGISTRY))
+
+
+def _inputs(seed, kv_heads=H, dtype=jnp.float32):
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((B, Q, H, D))
+  k, v = rng.standard_normal((2, B, K, kv_heads, D))
+  return tuple(jnp.asarray(x, dtype) for x in (q, k, v))
+
+
+def _jax_nn(calls):
+  """An implementation function wrapping jax.nn (no window), recording its arguments."""
+  def function(q, k, v, *, scale, bias, mask, visibility, block_size, return_weights):
+    calls.append(dict(visibility=visibility, block_size=block_size, return_weights=return_weights))
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                        is_causal=visibility.right == 0,
+                                        key_value_seq_lengths=visibility.kv_lengths,
+                                        implementation="xla")
+  return function
+
+
+def _visible(is_causal, window, lengths, mask):
+  """[B, H|1, Q, K] in NumPy: which keys each query sees."""
+  i, j = np.arange(Q)[:, None], np.arange(K)[None, :]
+  visible = np.ones((Q, K), bool)
+  if window is not None:
+    visible &= (j >= i - window[0]) & (j <= i + window[1])
+  if is_causal:
+    visible &= j <= i
+  visible = visible & (j[None] < np.asarray(lengths)[:, None, None])      # [B, Q, K]
+  return visible[:, None] & np.asarray(mask)
+
+
+@pytest.mark.parametrize("name", implementation_names())
+def test_every_registered_implementation_matches_jax_nn(name):
+  """A case built from the implementation's own capabilities: all of them at once."""
+  impl = implementations.get(name)
+  if impl.platforms is not None and jax.default_backend() not in impl.platforms:
+    pytest.skip(f"{name} runs on {sorted(impl.platforms)}")
+  q, k, v = _inputs(0, kv_heads=2 if impl.gqa else H,
+                    dtype="float32" if "float32" in impl.dtypes else min(impl.dtypes))
+  rng = np.random.default_rng(1)
+  ours, theirs = dict(is_causal=True), dict(is_causal=True)
+  mask, lengths, window = np.ones((1, 1, Q, K), bool), [K, K], None
+  if impl.mask:
+    mask = rng.random((B, 1, Q, K)) > 0.3
+    ours["mask"] = theirs["mask"] = jnp.asarray(mask)
+  if impl.bias:
+    ours["bias"] = theirs["bias"] = jnp.asarray(rng.standard_normal((1, H, Q, K)), jnp.float32)
+  if impl.window != "unsupported":
+    window = (3, 2)
+    ours["window"], theirs["local_window_size"] = window, window
+  if impl.key_value_seq_lengths:
+    lengths = [K, 6]
+    ours["key_value_seq_lengths"] = theirs["key_value_seq_lengths"] = jnp.array(lengths)
+
+  out = dot_product_attention(q, k, v, implementation=name, block_size=4, **ours)
+  expected = jax.nn.dot_product_attention(q, k, v, **theirs)
+  seen = _visible(True, window, lengths, mask).any(-1).transpose(0, 2, 1)[..., None]   # [B, Q, 1, 1]
+  assert seen.mean() > 0.5
+  np.testing.assert_allclose(np.where(seen, out, 0), np.where(seen, expected, 0), atol=2e-5)
+  np.testing.assert_array_equal(np.where(seen, 0, out), 0)
+  if impl.returns_weights:
+    again, weights = dot_product_attention(q, k, v, implementation=name, return_weights=True,
+                                           **ours)
+    np.testing.assert_array_equal(again, out)
+    assert weights.shape == (B, H, Q, K)
+    np.testing.assert_array_equal(np.where(_visible(True, window, lengths, mask), 0, weights), 0)
+    values = np.repeat(np.asarray(v), H // v.shape[2], axis=2)
+    np.testing.assert_allclose(np.einsum("bhqk,bkhd->bqhd", weights, values), out, atol=2e-5)
+
+
+def _able(message):
+  return re.search(r"implementations that can: (.*)$", message).group(1)
+
+
+@pytest.mark.parametrize("implementation,kwargs,missing,able", [
+    ("banded", dict(bias=jnp.zeros((Q, K))), ["no window (banded needs a window: pass window=w"],
+     "'dense', 'chunked'"),
+    ("chunked", dict(return_weights=True), ["return_weights=True"], "'dense'"),
+    ("banded", dict(window=2, return_weights=True), ["return_weights=True"], "'dense'"),
+    ("banded", dict(is_causal=True, return_weights=True), ["no window", "return_weights=True"],
+     "'dense'"),
+    ("chunked", dict(dtype=jnp.int32), ["dtype int32 (it takes bfloat16, float16, float32)"], None),
+], ids=["banded_bias_no_window", "chunked_weights", "banded_weights", "banded_causal_weights",
+        "int32"])
+def test_capabilities_drive_the_errors(implementation, kwargs, missing, able):
+  dtype = kwargs.pop("dtype", jnp.float32)
+  q, k, v = _inputs(2, kv_heads=2, dtype=dtype)
+  with pytest.raises(ValueError, match=f"^implementation='{implementation}' cannot do this: ") as e:
+    dot_product_attention(q, k, v, implementation=implementation, **kwargs)
+  message = str(e.value)
+  for words in missing:
+    assert words in message
+  if able is None:
+    assert message.endswith("; no registered implementation can")
+  else:
+    assert _able(message) == able
+
+
+def test_a_request_is_described_in_the_capabilities_terms():
+  q, k, v = _inputs(3, kv_heads=1, dtype=jnp.bfloat16)
+  request = AttentionRequest.of(q, k, v, mask=jnp.ones((Q, K), bool), is_causal=True, window=4,
+                                key_value_seq_lengths=jnp.array([3, 4]), return_weights=True)
+  assert request == AttentionRequest(mask=True, bias=False, window=(4, 0),
+                                     key_value_seq_lengths=True, gqa=True, dtype="bfloat16",
+                                     platform=jax.default_backend(), return_weights=True)
+  q, k, v = _inputs(3)
+  assert AttentionRequest.of(q, k, v, window=(1, 2)) == AttentionRequest(window=(1, 2))
+
+
+@pytest.mark.parametrize("capabilities,request_,missing", [
+    (dict(), AttentionRequest(), []),
+    (dict(), AttentionRequest(mask=True, bias=True, key_value_seq_lengths=True, gqa=True),
+     ["a mask", "a bias", "key_value_seq_lengths", "fewer key/value heads than query heads"]),
+    (dict(), AttentionRequest(window=(2, 0)), ["a window (2, 0)"]),
+    (dict(window="optional"), AttentionRequest(window=(2, 0)), []),
+    (dict(window="required"), AttentionRequest(), ["no window (custom needs a window: pass "
+                                                   "window=w or (left, right))"]),
+    (dict(dtypes={"bfloat16"}), AttentionRequest(), ["dtype float32 (it takes bfloat16)"]),
+    (dict(platforms={"gpu", "tpu"}), AttentionRequest(platform="cpu"),
+     ["platform 'cpu' (it runs on 'gpu', 'tpu')"]),
+    (dict(platforms={"gpu"}), AttentionRequest(platform="gpu"), []),
+    (dict(), AttentionRequest(return_weights=True),
+     ["return_weights=True needs the weights, which it does not return"]),
+], ids=["nothing", "flags", "window", "optional_window", "required_window", "dtype", "platform",
+        "on_platform", "weights"])
+def test_unsupported_names_what_is_missing(capabilities, request_, missing):
+  """Capabilities not declared are not claimed (except platforms: every backend)."""
+  impl = Implementation("custom", _jax_nn([]), **capabilities)
+  assert impl.unsupported(request_) == missing
+
+
+def test_a_tpu_only_implementation_is_refused_on_cpu_and_called_on_a_tpu(registry, monkeypatch):
+  calls = []
+  register_implementation(Implementation(
+      "tpu_kernel", _jax_nn(calls), mask=True, bias=True, key_value_seq_lengths=True, gqa=True,
+      dtypes=FLOAT_DTYPES, platforms=frozenset({"tpu"})))
+  assert implementation_names() == ("dense", "chunked", "banded", "tpu_kernel")
+  q, k, v = _inputs(4, kv_heads=2)
+  lengths = jnp.array([K, 7])
+  attend = lambda: dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths,
+                                         implementation="tpu_kernel", block_size=5)
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  with pytest.raises(ValueError, match=r"cannot do this: platform 'cpu' \(it runs on 'tpu'\)") as e:
+    attend()
+  assert _able(str(e.value)) == "'dense', 'chunked'"
+  assert calls == []          # refused before its function was traced
+
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  out = attend()
+  assert len(calls) == 1
+  assert calls[0]["visibility"].right == 0 and calls[0]["visibility"].left is None
+  np.testing.assert_array_equal(calls[0]["visibility"].kv_lengths, lengths)
+  assert (calls[0]["block_size"], calls[0]["return_weights"]) == (5, False)
+  expected = dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
+  np.testing.assert_allclose(out, expected, atol=2e-5)
+  # on a TPU the custom kernel is among those that can do what banded cannot
+  with pytest.raises(ValueError, match="no window") as e:
+    dot_product_attention(q, k, v, implementation="banded")
+  assert _able(str(e.value)) == "'dense', 'chunked', 'tpu_kernel'"
+
+
+def test_registrations_in_a_test_do_not_leak(monkeypatch):
+  with monkeypatch.context() as patch:
+    patch.setattr(implementations, "_REGISTRY", dict(implementations._REGISTRY))
+    register_implementation(Implementation("leak", _jax_nn([])))
+    assert "leak" in implementation_names()
+  assert implementation_names() == ("dense", "chunked", "banded")
+
+
+def test_an_unknown_name_lists_every_registered_name(registry):
+  register_implementation(Implementation("mine", _jax_nn([])))
+  q, k, v = _inputs(5)
+  with pytest.raises(ValueError, match="implementation must be one of") as e:
+    dot_product_attention(q, k, v, implementation="flash")
+  assert str(e.value) == ("implementation must be one of ('dense', 'chunked', 'banded', 'mine'), "
+                          "got 'flash'")
+  with pytest.raises(ValueError, match=r"one of \('dense', 'chunked', 'banded', 'mine'\)"):
+    MultiHeadAttention(num_heads=H, implementation="flash").init(jax.random.key(0), q[..., 0, :])
+
+
+def test_register_refuses_duplicates_and_bad_capabilities(registry):
+  with pytest.raises(ValueError, match="'dense' is already registered"):
+    register_implementation(Implementation("dense", _jax_nn([])))
+  replacement = Implementation("dense", _jax_nn([]), returns_weights=True)
+  register_implementation(replacement, replace=True)
+  assert implementations.get("dense") is replacement
+  with pytest.raises(ValueError, match="window must be one of"):
+    Implementation("x", _jax_nn([]), window="sometimes")
+  with pytest.raises(ValueError, match="dtypes must be a collection of names"):
+    Implementation("x", _jax_nn([]), dtypes="float32")
+  with pytest.raises(ValueError, match="function must be callable"):
+    Implementation("x", None)
+  assert Implementation("x", _jax_nn([]), platforms=["gpu"]).platforms == frozenset({"gpu"})
+
+
+def test_multi_head_attention_sows_by_the_returns_weights_capability(registry):
+  """A custom implementation that returns weights is sown like dense; one that does not
+  gives the same output, sows nothing and refuses dropout, naming the implementations that can."""
+  def with_weights(q, k, v, *, scale, bias, mask, visibility, block_size, return_weights):
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    weights = jax.nn.softmax(jnp.where(visibility.dense(q.shape[1], k.shape[1])[:, None],
+                                       logits, -jnp.inf), axis=-1)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    return (out, weights) if return_weights else out
+
+  register_implementation(Implementation("weights", with_weights, returns_weights=True))
+  register_implementation(Implementation("no_weights", _jax_nn([])))
+  x = jnp.asarray(np.random.default_rng(6).standard_normal((B, Q, 12)), jnp.float32)
+  runs = {}
+  for name in ("dense", "weights", "no_weights"):
+    module = MultiHeadAttention(num_heads=H, implementation=name)
+    params = module.init(jax.random.key(0), x)["params"]
+    runs[name] = module.apply({"params": params}, x, is_causal=True, mutable=["intermediates"])
+  for name in ("weights", "no_weights"):
+    np.testing.assert_allclose(runs[name][0], runs["dense"][0], atol=2e-5)
+  dense_weights = runs["dense"][1]["intermediates"]["attention_weights"][0]
+  np.testing.assert_allclose(runs["weights"][1]["intermediates"]["attention_weights"][0],
+                             dense_weights, atol=1e-6)
+  assert "intermediates" not in runs["no_weights"][1]
+
+  dropout = MultiHeadAttention(num_heads=H, implementation="no_weights", dropout_rate=0.5)
+  with pytest.raises(ValueError, match="use implementation='dense' or implementation='weights'"):
+    dropout.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.key(1)})
+
+
+def test_the_docstring_table_is_the_registry():
+  """The module docstring's table of registered implementations does not go stale."""
+  rows = [re.split(r"\s{2,}", line.strip()) for line in implementations.__doc__.splitlines()
+          if line.strip().split(" ")[0] in implementation_names()]
+  yes = lambda flag: "yes" if flag else "no"
+  assert [row[0] for row in rows] == list(implementation_names())
+  for name, mask, bias, window, lengths, gqa, dtypes, platforms, weights in rows:
+    impl = implementations.get(name)
+    assert [mask, bias, window, lengths, gqa, weights] == [
+        yes(impl.mask), yes(impl.bias), impl.window, yes(impl.key_value_seq_lengths),
+        yes(impl.gqa), yes(impl.returns_weights)]
+    assert frozenset(dtypes.split(", ")) == impl.dtypes
+    assert platforms == ("all" if impl.platforms is None else ", ".join(sorted(impl.platforms)))
+    assert not impl.global_tokens
