@@ -23,7 +23,8 @@ PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 TASKS = {
     # name: (pip extras, command run inside the environment)
     "main": ("", ["launch.py"]),   # extra arguments go to launch.py
-    "test": ("test", ["-m", "pytest", "-n", "auto"]),   # one worker per core (pytest-xdist)
+    # one worker per core (pytest-xdist); tests of one xdist_group share a worker
+    "test": ("test", ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]),
     "bench": ("test", []),   # the command is benchmarks/NAME.py, see `benchmark_commands`
 }
 BENCHMARKS = ("recurrent", "attention", "attention_bound")

@@ -19,6 +19,7 @@ Variant arguments (comma-separated key=value):
   style      bahdanau | luong                              (default bahdanau)
   input_feeding  true | false    (Luong only; default false)
 A user's own parallel corpus: --config.data.corpus=path/to/pairs.tsv [--config.data.level=word]
+(pairs with a side longer than --config.data.max_length tokens are skipped, with a count).
 """
 
 import ml_collections

@@ -6,6 +6,8 @@ adding problem of length T: MSE, accuracy = fraction with |error| < 0.04; always
 answering 1 scores MSE ≈ 0.167) and recall (K key-value pairs, T blanks, a query key).
 
   python launch.py --config experiments/sequence_tasks.py:task=adding,model=lstm
+  python launch.py --config experiments/sequence_tasks.py:model=transformer \
+      --config.model.attention=local --config.model.window=8 --config.model.implementation=banded
 
 Expected: eval/mse ≈ 0.002 (the constant 1 scores 0.167), eval/accuracy ≈ 0.67, in about
 40 s on a 2-core CPU (2000 steps of batch 64). A vanilla RNN (model=rnn) stays at 0.16.

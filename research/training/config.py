@@ -8,7 +8,7 @@ from research.errors import ConfigError
 def base_config() -> ml_collections.ConfigDict:
   """Shared defaults. Experiments override values, never derive them (see STYLE.md)."""
   config = ml_collections.ConfigDict()
-  config.task = ""                    # the registered task (research.tasks.get) that builds model, data, loss
+  config.task = ""                    # the registered task that builds model, data and loss
   config.seed = 0                     # parameters, data order, dropout
   config.distributed = False          # call jax.distributed.initialize() (multi-host)
 

@@ -1,8 +1,8 @@
 """train_and_evaluate(config, workdir, task): the one train loop behind every experiment.
 
 The loop is handed its task (a `research.training.task.TaskBuilder`, e.g.
-`research.tasks.get(config.task)`) and knows nothing of where experiments live. What a
-run guarantees:
+`tasks.get(config.task)` from the registry) and knows nothing of where experiments live.
+What a run guarantees:
 
   kill -9, a crash      rerunning the command resumes from the latest checkpoint and
                         reproduces the uninterrupted run's losses exactly

@@ -1,6 +1,6 @@
 """The contract between an experiment and the train loop.
 
-An experiment's task is a `TaskBuilder` (registered in `research.tasks` under the name
+An experiment's task is a `TaskBuilder` (registered in the task registry under the name
 that `config.task` holds) with
 
   validate(config) -> None     raises ConfigError naming the key and the allowed values

@@ -6,6 +6,8 @@ import jupytext
 import nbclient
 import pytest
 
+pytestmark = pytest.mark.slow
+
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "notebooks")
 NAMES = sorted(n[:-6] for n in os.listdir(NOTEBOOKS) if n.endswith(".ipynb"))

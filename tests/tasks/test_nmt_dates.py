@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from research.data.text import EOS, Vocabulary
+from research.errors import InputError
 from research.tasks import nmt_dates
 from research.training.loop import train_and_evaluate, validate
 from research.training.validation import ConfigError, apply_overrides
@@ -75,6 +76,14 @@ def test_user_corpus_is_split_and_its_vocabulary_saved(tmp_path):
   train_and_evaluate(config, str(workdir), nmt_dates.TASK)
   saved = Vocabulary.load(workdir / "target_vocab.json")
   assert saved.tokens == data.target_vocab.tokens
+
+
+def test_a_corpus_too_small_for_its_splits_is_named(tmp_path):
+  corpus = tmp_path / "few.tsv"
+  corpus.write_text("a\tb\n" * 40, encoding="utf-8")
+  with pytest.raises(InputError, match=r"few\.tsv: its 40 pairs split into train 36, "
+                                       r"validation 2, test 2; .* config.train.batch_size=128"):
+    nmt_dates.load_data(tiny_config(**{"data.corpus": str(corpus), "train.batch_size": 128}))
 
 
 def test_tiny_run_lowers_the_loss_and_writes_predictions_and_heatmaps(tmp_path):

@@ -7,30 +7,24 @@ import sys
 import pytest
 import tiny
 
+pytestmark = pytest.mark.slow
+
 NMT_DATES = os.path.join(tiny.ROOT, "experiments", "nmt_dates.py")
 # name: (config ("tiny", or a file of the case's directory), {file: bytes}, flags, message);
-# "{dir}" stands for the case's own directory.
+# "{dir}" stands for the case's own directory. One case per kind of user error (the checks
+# themselves are tested in process: tests/tasks, tests/data, test_workdir, test_config_file).
 INVALID = {
     "unknown key": ("tiny", {}, ["--config.train.num_step=5"],
                     r"unknown config key config.train.num_step; keys under config.train: "),
     "wrong type": ("tiny", {}, ["--config.train.num_steps=many"],
                    "config.train.num_steps='many' must be of type int"),
-    "unknown model": ("tiny", {}, ["--config.model.kind=lstmm"],
-                      "config.model.kind='lstmm' is not allowed; choose one of: 'rnn', 'lstm'"),
-    "unknown implementation": ("tiny", {}, ["--config.model.kind=transformer",
-                                            "--config.model.implementation=flash"],
-                               "config.model.implementation='flash' is not allowed; choose one "
-                               "of: 'dense'"),
     "heads do not divide": ("tiny", {}, ["--config.model.kind=transformer",
                                          "--config.model.num_heads=3"],
                             "config.model.num_heads=3 must divide config.model.hidden_size=16"),
     "batch vs devices": ("tiny", {}, ["--config.train.batch_size=12"],
                          "config.train.batch_size=12 must be divisible by the number of devices (8)"),
-    "non-positive size": ("tiny", {}, ["--config.model.hidden_size=0"],
-                          "config.model.hidden_size=0 must be a number > 0"),
     "config does not parse": ("bad.py", {"bad.py": b"def get_config(:\n"}, [],
                               "--config: {dir}/bad.py does not parse: "),
-    "no config file": ("missing.py", {}, [], "--config: no config file '{dir}/missing.py'"),
     "unknown task": ("task.py", {"task.py": b"from research.training import base_config\n"
                                             b"def get_config():\n  c = base_config()\n"
                                             b"  c.task = 'nope'\n  return c\n"}, [],
@@ -38,26 +32,10 @@ INVALID = {
                      "'sequence_tasks'"),
     "workdir is a file": ("tiny", {"file": b"x"}, ["--workdir={dir}/file"],
                           "workdir {dir}/file is a file, not a directory"),
-    "workdir inside a file": ("tiny", {"file": b"x"}, ["--workdir={dir}/file/run"],
-                              "workdir {dir}/file/run cannot be created (Not a directory)"),
     "corpus line without a tab": (NMT_DATES, {"c.tsv": b"a\tb\r\nno tab\n"},
                                   ["--config.data.corpus={dir}/c.tsv"],
                                   "{dir}/c.tsv:2: no tab between source and target"),
-    "corpus not UTF-8": (NMT_DATES, {"c.tsv": "a\tb\n\u00e9\te\n".encode("latin-1")},
-                         ["--config.data.corpus={dir}/c.tsv"], "{dir}/c.tsv:2: not UTF-8"),
-    "corpus empty side": (NMT_DATES, {"c.tsv": b"\xef\xbb\xbfa\tb\n \tc\n"},
-                          ["--config.data.corpus={dir}/c.tsv"], "{dir}/c.tsv:2: empty source"),
-    "corpus empty": (NMT_DATES, {"c.tsv": b""}, ["--config.data.corpus={dir}/c.tsv"],
-                     "{dir}/c.tsv: no source<TAB>target pair to read (the file is empty)"),
-    "corpus too small": (NMT_DATES, {"c.tsv": b"a\tb\n" * 40},
-                         ["--config.data.corpus={dir}/c.tsv"],
-                         "{dir}/c.tsv: its 40 pairs split into train 36, validation 2, test 2; "
-                         "every split needs a pair and training at least "
-                         "config.train.batch_size=128"),
 }
-if os.path.isdir("/sys/kernel"):      # sysfs refuses new directories, even to root
-  INVALID["workdir read-only"] = ("tiny", {}, ["--workdir=/sys/research-workdir"],
-                                  "workdir /sys/research-workdir cannot be created")
 
 
 def _command(case: str, directory: str) -> list[str]:
@@ -87,6 +65,7 @@ def invalid_runs(tmp_path_factory):
           for case, (directory, p) in processes.items()}
 
 
+@pytest.mark.xdist_group("invalid_runs")          # on one worker: the fixture runs once
 @pytest.mark.parametrize("case", INVALID)
 def test_user_error_is_one_line_and_exits_2_before_compiling(invalid_runs, case):
   directory, status, stderr = invalid_runs[case]
@@ -130,3 +109,48 @@ def test_typo_in_an_override_of_the_default_config_exits_2(tmp_path):
   assert run.returncode == 2, run.stderr[-2000:]
   assert ("unknown config key config.train.batch_sise; keys under config.train: batch_size"
           in run.stderr)
+
+
+COUNTING_CONFIG = """
+import importlib.util, os
+from research import tasks
+from research.tasks import sequence_tasks
+
+
+def _log(event):
+  with open(os.environ["EVENTS"], "a") as f:
+    f.write(event + "\\n")
+
+
+def _validate(config):
+  _log("validate")
+  sequence_tasks.validate(config)
+
+
+_log("load")
+tasks.register("counted", validate=_validate, build=sequence_tasks.build)
+_spec = importlib.util.spec_from_file_location("base", {base!r})
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+
+
+def get_config(arg=None):
+  _log("get_config")
+  config = _base.get_config(arg)
+  config.task = "counted"
+  return config
+"""
+
+
+def test_one_config_load_and_one_validation_per_launch(tmp_path):
+  """A config file registering its own task, counting how often launch.py uses it."""
+  config = tmp_path / "counting.py"
+  config.write_text(COUNTING_CONFIG.format(base=tiny.CONFIG.split(":")[0]))
+  command = tiny.launch_command(str(tmp_path / "run"), **{"train.num_steps": 20})
+  command[2] = f"--config={config}:task=adding,model=lstm"
+  events = tmp_path / "events"
+  run = subprocess.run(command, env={**tiny.environment(), "EVENTS": str(events)},
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert events.read_text().split() == ["load", "get_config", "validate"]
+  assert tiny.records(str(tmp_path / "run"), "train/loss")[-1][0] == 20

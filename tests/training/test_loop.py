@@ -119,7 +119,10 @@ def test_a_checkpoint_of_another_model_stops_the_run_and_moves_nothing(tmp_path,
 def test_sweep_writes_a_summary_and_skips_finished_points(tmp_path):
   config = tiny.config(**{"train.num_steps": 20, "train.eval_every": 20})
   points = [{"model.kind": "rnn"}, {"model.kind": "gru"}]
-  rows = run_sweep(config, points, str(tmp_path), tiny.task())
+  validated, task = [], tiny.task()
+  counting = task._replace(validate=lambda c: validated.append(c.model.kind) or task.validate(c))
+  rows = run_sweep(config, points, str(tmp_path), counting)
+  assert validated == ["rnn", "gru"]                    # each point once
   assert [r["model.kind"] for r in rows] == ["rnn", "gru"]
   assert rows[0]["eval/loss"] != rows[1]["eval/loss"]
   done = tmp_path / "model.kind=gru" / "final_metrics.json"

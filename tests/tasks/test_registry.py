@@ -1,0 +1,41 @@
+"""The task registry, and the train loop's independence from where experiments live."""
+
+import os
+import re
+
+import pytest
+
+import research.training
+from research import tasks
+from research.errors import ConfigError
+from research.tasks import registry
+
+
+def test_every_experiment_task_is_registered_under_its_config_name():
+  assert tasks.names() == ["nmt_dates", "sequence_tasks"]
+  for name in tasks.names():
+    assert tasks.get(name).name == name
+
+
+def test_an_unknown_task_names_the_registered_ones():
+  with pytest.raises(ConfigError, match="config.task='nmt' is not allowed; choose one of: "
+                                        "'nmt_dates', 'sequence_tasks'"):
+    tasks.get("nmt")
+
+
+def test_a_new_task_registers_once(monkeypatch):
+  monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+  builder = tasks.register("mine", validate=lambda config: None, build=lambda config: None)
+  assert tasks.get("mine") is builder and "mine" in tasks.names()
+  with pytest.raises(ValueError, match="'mine' is registered already"):
+    tasks.register("mine", validate=lambda config: None, build=lambda config: None)
+
+
+def test_the_training_package_never_imports_the_tasks():
+  """The trainer is handed its task: research/training knows nothing of research.tasks."""
+  directory = os.path.dirname(research.training.__file__)
+  for name in sorted(os.listdir(directory)):
+    if name.endswith(".py"):
+      with open(os.path.join(directory, name)) as f:
+        source = f.read()
+      assert not re.search(r"research\.tasks|importlib", source), name
