@@ -21,13 +21,12 @@ import signal
 import sys
 import threading
 
-import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from research import tasks
 from research.errors import ConfigError, RunFailed, UserError
-from research.training import Stopped, run_sweep, train_and_evaluate
+from research.training import Stopped, distributed, run_sweep, train_and_evaluate
 from research.training.validation import parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -127,8 +126,8 @@ def main(config, module, name: str, verbose: bool) -> None:
       ROOT, "runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   try:
     task = tasks.get(config.task)
-    if config.distributed:
-      jax.distributed.initialize()
+    distributed.check(config)
+    distributed.initialize(config)
     if _SWEEP.value:
       if not hasattr(module, "get_sweep"):
         raise ConfigError(f"{module.__file__} defines no get_sweep(); --sweep needs one")

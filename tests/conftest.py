@@ -1,4 +1,9 @@
-"""Tests marked `gpu` or `tpu` run only where JAX's default backend is that accelerator."""
+"""Tests marked `gpu` or `tpu` run only where JAX's default backend is that accelerator.
+
+Parity tests state the float32 matrix precision they need with the `highest_precision`
+fixture (`pytestmark = pytest.mark.usefixtures("highest_precision")`): JAX's default on an
+NVIDIA GPU is TF32 (10-bit mantissa in products), which breaks comparisons against
+float32 references at tolerances like 1e-5."""
 
 import pytest
 
@@ -17,3 +22,14 @@ def pytest_collection_modifyitems(config, items):
     for marker in ACCELERATOR_MARKERS:
       if marker in item.keywords and backend != marker:
         item.add_marker(pytest.mark.skip(reason=f"needs a {marker.upper()} (backend: {backend})"))
+
+
+@pytest.fixture
+def highest_precision():
+  """The test runs under `jax.default_matmul_precision("highest")`: full float32 products in
+  every matmul / einsum / dot it traces (eager, op by op or under a jit it compiles while the
+  test runs: the setting is part of jit's cache key), whatever the backend's default."""
+  import jax  # noqa: PLC0415 - only tests that use it pay for the import
+
+  with jax.default_matmul_precision("highest"):
+    yield

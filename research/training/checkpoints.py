@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from research.errors import CheckpointMismatchError, RunFailed
+from research.training import distributed
 
 UNREADABLE_SUFFIX = "_unreadable"
 
@@ -99,11 +100,15 @@ class Checkpoints:
     """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like_state)
     for step in sorted(self.manager.all_steps(), reverse=True):
+      # Every process decides alike (any_process), before any of them moves a checkpoint.
+      metadata, error = None, None
       try:
         metadata = self.manager.item_metadata(step)
         saved = metadata["state"]
-      except Exception as error:  # noqa: BLE001 - metadata that cannot be read: unreadable
-        self._set_aside(step, error)
+      except Exception as read_error:  # noqa: BLE001 - metadata that cannot be read: unreadable
+        error = read_error
+      if distributed.any_process(error is not None):
+        self._set_aside(step, error or OSError("unreadable on another process"))
         continue
       difference = first_difference(_shapes(getattr(saved, "tree", saved)), _shapes(abstract))
       if difference:
@@ -114,22 +119,27 @@ class Checkpoints:
       items = dict(state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore())
       if "unlogged_metrics" in metadata.keys():     # checkpoints written before it lack it
         items["unlogged_metrics"] = ocp.args.JsonRestore()
+      restored = None
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-        return Restored(step, restored.state, restored.data,
-                        restored.get("unlogged_metrics") or [])
-      except Exception as error:  # noqa: BLE001 - arrays that cannot be read: unreadable
-        self._set_aside(step, error)
+      except Exception as read_error:  # noqa: BLE001 - arrays that cannot be read: unreadable
+        error = read_error
+      if distributed.any_process(restored is None):
+        self._set_aside(step, error or OSError("unreadable on another process"))
+        continue
+      return Restored(step, restored.state, restored.data,
+                      restored.get("unlogged_metrics") or [])
     return None
 
   def _set_aside(self, step: int, error: Exception) -> None:
-    aside = _free_name(os.path.join(f"{self.directory}{UNREADABLE_SUFFIX}", str(step)))
-    logging.warning("checkpoint at step %d cannot be read (%s: %s); moved to %s, falling "
-                    "back to the previous checkpoint", step, type(error).__name__,
-                    _first_line(error), aside)
+    """Process 0 moves the checkpoint of `step` aside while the others wait."""
     if jax.process_index() == 0:
+      aside = _free_name(os.path.join(f"{self.directory}{UNREADABLE_SUFFIX}", str(step)))
+      logging.warning("checkpoint at step %d cannot be read (%s); moved to %s, falling back "
+                      "to the previous checkpoint", step, _first_line(error), aside)
       os.makedirs(os.path.dirname(aside), exist_ok=True)
       shutil.move(os.path.join(self.directory, str(step)), aside)
+    distributed.barrier(f"checkpoint {step} set aside")
     self.manager.close()
     self.manager = self._open()
 
@@ -177,8 +187,10 @@ def _free_name(path: str) -> str:
 
 
 def _first_line(error: Exception) -> str:
-  text = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+  """'Type: first line of the message' (once, though wrappers repeat the type)."""
+  name, text = type(error).__name__, str(error).strip().splitlines()
+  line = text[0][:200] if text else ""
+  return line if line.startswith(name) else f"{name}: {line}".rstrip(": ")
 
 
 def _disk_hint(directory: str) -> str:

@@ -10,7 +10,6 @@ def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.task = ""                    # the registered task that builds model, data and loss
   config.seed = 0                     # parameters, data order, dropout
-  config.distributed = False          # call jax.distributed.initialize() (multi-host)
 
   config.train = ml_collections.ConfigDict()
   config.train.num_steps = 1000
@@ -24,6 +23,12 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.eval_every = 500
   config.train.checkpoint_every = 500
   config.train.keep_checkpoints = 3
+
+  # Several processes (hosts) as one run; see research/training/distributed.py.
+  config.distributed = ml_collections.ConfigDict()
+  config.distributed.coordinator_address = ""   # HOST:PORT of process 0; "": cluster detection
+  config.distributed.num_processes = 1
+  config.distributed.process_id = 0
   return config
 
 

@@ -39,10 +39,13 @@ from research.training.train_step import (
   make_optimizer,
   make_train_step,
 )
-from research.training.validation import check_batch_size, check_shared
+from research.training.validation import check_devices, check_shared
 
+# Keys a rerun may change and still resume the workdir's run (more steps, other hosts).
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
-                  "train.checkpoint_every", "train.keep_checkpoints")
+                  "train.checkpoint_every", "train.keep_checkpoints",
+                  "distributed.coordinator_address", "distributed.num_processes",
+                  "distributed.process_id")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -62,7 +65,7 @@ class WriteError(RunFailed):
 def validate(config, task: TaskBuilder) -> None:
   """Raises ConfigError for any bad value, before anything is built or compiled."""
   check_shared(config)
-  check_batch_size(config)
+  check_devices(config)
   task.validate(config)
 
 
@@ -95,7 +98,8 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   _write_files(task.files, workdir)
   optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
-  state = jax.jit(lambda rng: init_state(task, optimizer, rng))(init_rng)
+  state = jax.jit(lambda rng: init_state(task, optimizer, rng),
+                  out_shardings=strategy.state_sharding)(init_rng)
 
   # ---- Resume -------------------------------------------------------------------------
   checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), train.keep_checkpoints)
@@ -150,7 +154,8 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
           unlogged = []
         if step % train.eval_every == 0 or step == train.num_steps:
           writer.write(step, evaluate(state))
-          plots.plot_curves(writer.history, os.path.join(workdir, "loss.png"))
+          if jax.process_index() == 0:
+            plots.plot_curves(writer.history, os.path.join(workdir, "loss.png"))
         if step % train.checkpoint_every == 0 or step == train.num_steps or stop.signum:
           checkpoints.save(step, strategy.host_state(state), task.train_data.get_state(),
                            _to_json(unlogged))
@@ -255,8 +260,9 @@ def _write_config(config, workdir: str) -> None:
       raise ConfigError(f"workdir {workdir} holds a run with a different config (keys "
                         f"{', '.join(changed)}); use a new --workdir")
   if jax.process_index() == 0:
-    with open(path, "w") as f:
+    with open(f"{path}.tmp", "w") as f:      # whole or not at all: other hosts read it
       json.dump(new, f, indent=2)
+    os.replace(f"{path}.tmp", path)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:

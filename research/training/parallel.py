@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 AXIS = "data"
 
@@ -34,6 +34,7 @@ class MeshStrategy:
     self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
     self.replicated = NamedSharding(self.mesh, PartitionSpec())
     self.split = NamedSharding(self.mesh, PartitionSpec(AXIS))
+    self.state_sharding = self.replicated   # where init and restore place the state
 
   def put_state(self, state):
     return jax.device_put(state, self.replicated)
@@ -60,11 +61,17 @@ class MeshStrategy:
 
 
 class PmapStrategy:
-  """`pmap` over local devices: state replicated per device, batch [devices, per_device, ...]."""
+  """`pmap` over local devices: state replicated per device, batch [devices, per_device, ...].
+
+  One process only (validation says so): jax 0.10's pmap, built on shard_map, deletes the
+  arrays a donating pmap is lowered on when several processes run, and fails to lower on
+  shapes there; the mesh strategy is the one for several hosts.
+  """
   axis_name = AXIS
 
   def __init__(self):
     self.devices = jax.local_devices()
+    self.state_sharding = SingleDeviceSharding(self.devices[0])   # before put_state copies it
 
   def put_state(self, state):
     """A copy per device along a new leading axis, which pmap splits over the devices."""

@@ -6,6 +6,7 @@ import jax
 import ml_collections
 
 from research.errors import ConfigError
+from research.training import distributed
 from research.training.parallel import STRATEGIES
 
 
@@ -58,14 +59,19 @@ def check_shared(config) -> None:
       raise ConfigError(f"config.{key}={get(config, key)!r} must be an int")
   check_divides(config, "train.log_every", "train.checkpoint_every")
   check_choice(config, "train.parallelism", STRATEGIES)
+  distributed.check(config)
 
 
-def check_batch_size(config, key: str = "train.batch_size") -> None:
-  """The global batch must split evenly over every device (of every host)."""
+def check_devices(config, key: str = "train.batch_size") -> None:
+  """The global batch must split evenly over every device (of every host), and pmap runs on
+  one process (see parallel.PmapStrategy)."""
   batch_size, devices = get(config, key), jax.device_count()
   if batch_size % devices:
     raise ConfigError(f"config.{key}={batch_size} must be divisible by the number of devices "
                       f"({devices}); allowed values are multiples of {devices}")
+  if config.train.parallelism == "pmap" and jax.process_count() > 1:
+    raise ConfigError(f"config.train.parallelism='pmap' runs on one process, not "
+                      f"{jax.process_count()}; use 'jit' (a mesh over every host's devices)")
 
 
 def _children(config, prefix: str) -> list[str]:

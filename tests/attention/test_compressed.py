@@ -23,6 +23,9 @@ from research.attention.compressed import (
   linformer_attention,
 )
 
+# Compared with NumPy formulas and flax within 1e-5: full float32 products, not TF32.
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 B, D, H, HEAD = 2, 6, 2, 3    # batch, features, heads, head size
 ATOL = 1e-5
 

@@ -19,6 +19,9 @@ from research.attention.hard import (
 )
 from research.attention.scores import GeneralScore
 
+# Compared with jax.nn / NumPy log-probabilities within 1e-5: full float32 products, not TF32.
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 # 99.99% quantile of the chi-square distribution with 3 degrees of freedom.
 CHI2_3DOF_P9999 = 21.11
 N_SAMPLES = 20_000

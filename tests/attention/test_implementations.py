@@ -20,6 +20,9 @@ from research.attention import (
 )
 from research.attention.implementations import FLOAT_DTYPES
 
+# Compared with jax.nn within 2e-5: full float32 products, not TF32.
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 B, Q, K, H, D = 2, 9, 11, 4, 8     # batch, q_len, kv_len, heads, head_dim
 
 

@@ -20,6 +20,9 @@ from research.attention.scores import (
   make_score,
 )
 
+# Compared with NumPy formulas and jax.nn within 1e-5: full float32 products, not TF32.
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 A, S = 4, 6  # additive / concat attention size a; location source length S
 
 MODULES = {

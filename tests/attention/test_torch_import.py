@@ -16,6 +16,9 @@ import torch
 
 from research.attention.torch_import import from_torch
 
+# Compared with torch's forward and autograd within 1e-5 / 1e-4: full float32 products, not TF32.
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 E, H = 8, 2            # embed_dim, num_heads
 B, L, S = 2, 5, 5      # batch, query length, key length (S = L so a causal mask is square)
 CONFIGS = {            # name: (kdim, vdim, bias)

@@ -13,6 +13,10 @@ import pytest
 from research.models.decoding import beam_search, greedy_decode
 from research.models.seq2seq import Seq2Seq
 
+# Greedy decoding against the teacher-forced pass (weights within 1e-6): full float32
+# products, not TF32.
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 BOS, EOS = 1, 2
 SOURCE = np.array([[3, 4, 5, 6], [5, 3, 0, 0], [6, 6, 4, 0], [4, 0, 0, 0]], np.int32)
 LENGTHS = np.array([4, 2, 3, 1], np.int32)

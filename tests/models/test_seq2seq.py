@@ -11,6 +11,9 @@ import pytest
 
 from research.models.seq2seq import Seq2Seq
 
+# Compared with the papers' equations in NumPy within 1e-5: full float32 products, not TF32.
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 SOURCE = np.array([[3, 4, 5, 6, 3], [5, 3, 4, 0, 0], [6, 6, 0, 0, 0]], np.int32)
 LENGTHS = np.array([5, 3, 2], np.int32)
 TARGET_IN = np.array([[1, 3, 4, 5], [1, 6, 5, 4], [1, 4, 4, 3]], np.int32)

@@ -9,6 +9,9 @@ import pytest
 from research.models.sequence_model import SequenceModel, sinusoidal_positions
 from research.recurrent import GRU, LSTM, RNN
 
+# Compared with the layer and a NumPy head within 1e-6: full float32 products, not TF32.
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 B, L, V = 3, 9, 7     # batch, length, vocabulary
 
 

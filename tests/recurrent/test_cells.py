@@ -19,7 +19,10 @@ from research.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, SimpleRNNCell
 torch.set_num_threads(1)
 
 
-pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:LSTM with projections is not supported"),
+    pytest.mark.usefixtures("highest_precision"),  # float32 parity: no TF32 products
+]
 
 CELLS = {  # name: (our cell, fused layer with the same cell as l0)
     "rnn_tanh": (lambda: SimpleRNNCell(features=H), lambda: RNN(hidden_size=H)),

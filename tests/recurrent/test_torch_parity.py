@@ -36,7 +36,10 @@ from torch_reference import (
 
 from research.recurrent import GRU, LSTM, RNN, from_torch
 
-pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:LSTM with projections is not supported"),
+    pytest.mark.usefixtures("highest_precision"),  # float32 parity: no TF32 products
+]
 
 CELL_CONFIGS = [("rnn_tanh", 0), ("rnn_relu", 0), ("lstm", 0), ("lstm", P), ("gru", 0)]
 CELL_IDS = ["rnn_tanh", "rnn_relu", "lstm", f"lstm_proj{P}", "gru"]

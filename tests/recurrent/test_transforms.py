@@ -22,7 +22,10 @@ from torch_reference import (
 
 from research.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, SimpleRNNCell, from_torch
 
-pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:LSTM with projections is not supported"),
+    pytest.mark.usefixtures("highest_precision"),  # float32 parity: no TF32 products
+]
 
 # ----------------------------------------------------------------------------------------
 # jit: the compiled program (what users run) against torch, forward and gradients.

@@ -17,9 +17,9 @@ def test_values_parse_to_the_default_type():
   config = base_config()
   assert parse_value(config, "train.num_steps", "12") == 12
   assert parse_value(config, "train.learning_rate", "3e-4") == pytest.approx(3e-4)
-  assert parse_value(config, "distributed", "true") is True
+  assert parse_value(config, "distributed.num_processes", "2") == 2
   for key, text in [("train.num_steps", "ten"), ("train.num_steps", "1.5"),
-                    ("distributed", "maybe")]:
+                    ("distributed.process_id", "first")]:
     with pytest.raises(ConfigError, match=rf"config\.{key}=.*must be of type"):
       parse_value(config, key, text)
 
@@ -41,7 +41,22 @@ def test_apply_overrides_copies_and_checks_types():
     ("train.warmup_steps", -1, r"train\.warmup_steps=-1 must be a number >= 0"),
     ("train.parallelism", "vmap", r"parallelism='vmap' is not allowed; choose one of: 'jit', 'pmap'"),
     ("train.checkpoint_every", 75, r"train\.log_every=50 must divide config\.train\.checkpoint_every=75"),
+    ("distributed.coordinator_address", "localhost",
+     r"coordinator_address='localhost' must be HOST:PORT"),
 ])
 def test_shared_checks(key, value, message):
   with pytest.raises(ConfigError, match=message):
     check_shared(apply_overrides(base_config(), {key: value}))
+
+
+@pytest.mark.parametrize("num_processes, process_id, message", [
+    (0, 0, r"num_processes=0 must be an int >= 1"),
+    (2, 2, r"process_id=2 must be in 0 … 1"),
+    (2, -1, r"process_id=-1 must be in 0 … 1"),
+])
+def test_distributed_process_numbers(num_processes, process_id, message):
+  config = apply_overrides(base_config(), {"distributed.coordinator_address": "localhost:1234",
+                                           "distributed.num_processes": num_processes,
+                                           "distributed.process_id": process_id})
+  with pytest.raises(ConfigError, match=message):
+    check_shared(config)
