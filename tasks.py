@@ -6,7 +6,9 @@
 
 Needs only Python >= 3.10 and pip. The first call creates `.venv` and installs the
 package (with the `test` extra for `test` and `bench`); later calls reinstall only
-when pyproject.toml changed, so they start at once.
+when pyproject.toml changed, so they start at once. On an accelerator, name its extra:
+
+    RESEARCH_EXTRAS=cuda python3 tasks.py main    # NVIDIA GPU (jax[cuda13]); or tpu
 """
 
 import hashlib
@@ -38,7 +40,9 @@ def benchmark_commands(args: list[str]) -> list[list[str]]:
 
 
 def ensure_environment(extras: str) -> None:
-  """Creates .venv and installs `.[extras]` unless pyproject.toml is unchanged."""
+  """Creates .venv and installs `.[extras]` (and $RESEARCH_EXTRAS) unless pyproject.toml
+  is unchanged."""
+  extras = ",".join(filter(None, [extras, *os.environ.get("RESEARCH_EXTRAS", "").split(",")]))
   digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
   stamp = VENV / f".installed-{extras or 'base'}"
   if stamp.exists() and stamp.read_text() == digest and PYTHON.exists():

@@ -28,7 +28,10 @@
 
 # %%
 # Install the repository: from this checkout when the notebook runs inside it,
-# otherwise (Colab) clone it first. Set REPOSITORY to your clone's URL.
+# otherwise (Colab) clone it first. Set REPOSITORY to your clone's URL. The JAX already
+# installed (Colab's, with its GPU or TPU plugin) is kept: pip may not change its version.
+import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
@@ -40,7 +43,9 @@ if not os.path.exists(os.path.join(root, "pyproject.toml")):
 try:
   import research  # noqa: F401
 except ImportError:
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root], check=True)
+  keep = [f"{name}=={importlib.metadata.version(name)}" for name in ("jax", "jaxlib")
+          if importlib.util.find_spec(name)]
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
 sys.path.insert(0, os.path.join(root, "experiments"))
 
 # %%

@@ -72,15 +72,21 @@ class PmapStrategy:
   def __init__(self):
     self.devices = jax.local_devices()
     self.state_sharding = SingleDeviceSharding(self.devices[0])   # before put_state copies it
+    # pmap's own layout: the leading axis split over the devices (what jax >= 0.11 expects
+    # of committed arguments)
+    self.stacked = NamedSharding(Mesh(np.array(self.devices), (AXIS,)), PartitionSpec(AXIS))
 
   def put_state(self, state):
     """A copy per device along a new leading axis, which pmap splits over the devices."""
     count = len(self.devices)
-    return jax.tree.map(lambda x: jnp.broadcast_to(x, (count, *jnp.shape(x))), state)
+    return jax.tree.map(
+        lambda x: jax.device_put(jnp.broadcast_to(x, (count, *jnp.shape(x))), self.stacked),
+        state)
 
   def put_batch(self, batch: dict):
     rows = host_rows(batch)
-    return jax.tree.map(lambda x: x.reshape(len(self.devices), -1, *x.shape[1:]), rows)
+    return jax.tree.map(lambda x: jax.device_put(
+        x.reshape(len(self.devices), -1, *x.shape[1:]), self.stacked), rows)
 
   def compile_step(self, step: Callable, state, batch) -> Callable:
     return jax.pmap(step, axis_name=AXIS, donate_argnums=0).lower(state, batch).compile()

@@ -1,0 +1,65 @@
+"""--config.model.dtype=bfloat16 in every experiment: matrix products in bfloat16, parameters,
+optimizer state and loss in float32, and training that learns like float32."""
+
+import os
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tiny
+
+from research import tasks
+from research.training.train_step import init_state, make_optimizer, make_train_step
+from research.training.validation import apply_overrides
+
+sys.path.insert(0, os.path.join(tiny.ROOT, "experiments"))
+import nmt_dates  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NMT_TINY = {"data.train_examples": 512, "data.eval_examples": 32, "data.test_examples": 32,
+            "model.embed_size": 16, "model.hidden_size": 32, "train.batch_size": 32,
+            "train.learning_rate": 1e-2, "train.warmup_steps": 0}
+EXPERIMENTS = {  # name: config with training settings for a short run
+    "sequence_tasks lstm": lambda: tiny.config(**{"data.length": 20}),
+    "sequence_tasks transformer": lambda: tiny.config(**{
+        "model.kind": "transformer", "data.length": 20, "model.num_heads": 2,
+        "train.learning_rate": 3e-3}),
+    "nmt_dates": lambda: apply_overrides(nmt_dates.get_config(), NMT_TINY),
+}
+STEPS = 80
+
+
+def _train(config):
+  """(per-step losses, final state) of STEPS plain train steps, without the workdir loop."""
+  config = apply_overrides(config, {"train.num_steps": STEPS})
+  task = tasks.get(config.task).build(config)
+  optimizer = make_optimizer(config.train)
+  state = jax.jit(lambda rng: init_state(task, optimizer, rng))(jax.random.key(0))
+  step = jax.jit(make_train_step(task, optimizer, lambda s: 0.0, jax.random.key(1), None))
+  losses = []
+  for _ in range(STEPS):
+    state, metrics = step(state, jax.tree.map(jnp.asarray, next(task.train_data)))
+    losses.append(float(metrics["loss"]))
+  return np.array(losses), state, task
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_bfloat16_learns_like_float32_and_keeps_float32_state(name):
+  f32_losses, _, _ = _train(EXPERIMENTS[name]())
+  bf16_losses, state, task = _train(apply_overrides(EXPERIMENTS[name](),
+                                                    {"model.dtype": "bfloat16"}))
+  first, last = np.mean(f32_losses[:5]), np.mean(f32_losses[-10:])
+  assert last < 0.7 * first                                      # float32 learns
+  assert np.mean(bf16_losses[-10:]) < last + 0.1 * (first - last)  # bfloat16 as far, or near
+  assert {x.dtype for x in jax.tree.leaves((state.params, state.opt_state))
+          if jnp.issubdtype(x.dtype, jnp.floating)} == {jnp.dtype(jnp.float32)}
+
+  batch = jax.tree.map(jnp.asarray, next(task.train_data))
+  text = jax.jit(task.loss).lower(state.params, batch, jax.random.key(2)).as_text()
+  operands = re.findall(r"dot_general.*\(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)", text)
+  assert operands and all(pair == ("bf16", "bf16") for pair in operands[:3])
+  assert jax.eval_shape(task.loss, state.params, batch, jax.random.key(2))[0].dtype == jnp.float32
