@@ -106,7 +106,7 @@ def quiet_libraries() -> None:
   logging.get_absl_handler().addFilter(lambda record: record.levelno < python_logging.ERROR or (
       "orbax" not in record.pathname and record.name != "asyncio"))   # a failed async save
   threading.excepthook = lambda hook_args: None
-  sys.unraisablehook = lambda unraisable: None    # e.g. TensorBoard's flush at exit, disk full
+  sys.unraisablehook = lambda unraisable: None    # e.g. a flush at exit on a full disk
 
 
 def parse_flags(argv: list[str]):

@@ -10,6 +10,7 @@ import time
 import jax
 
 from research.errors import RunFailed
+from research.training.tensorboard import EventWriter
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -32,9 +33,7 @@ class MetricsWriter:
     self.path = os.path.join(workdir, METRICS_FILE)
     self.enabled = jax.process_index() == 0
     self.history = self._resume(resume_step)
-    from tensorboardX import SummaryWriter  # noqa: PLC0415 - on first use: it imports torch if there (2 s)
-
-    self.tensorboard = SummaryWriter(
+    self.tensorboard = EventWriter(
         os.path.join(workdir, "tensorboard"),
         purge_step=resume_step + 1 if resume_step else None) if self.enabled else None
 
@@ -72,10 +71,8 @@ class MetricsWriter:
       return
     with _naming(self.path), open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
-    with _naming(self.tensorboard.logdir):
-      for name, value in metrics.items():
-        self.tensorboard.add_scalar(name, float(value), step)
-      self.tensorboard.flush()
+    with _naming(self.tensorboard.path):
+      self.tensorboard.scalars(step, {name: float(value) for name, value in metrics.items()})
 
   def close(self) -> None:
     if self.tensorboard is not None:
