@@ -1,23 +1,58 @@
-"""Forward + backward time of our recurrent layers against PyTorch and flax.linen.
+"""Forward + backward time of our recurrent layers against cuDNN, PyTorch and flax.linen.
 
-    python3 tasks.py bench                       # every shape (a few minutes on 2 cores)
+    python3 tasks.py bench recurrent             # CPU defaults (a few minutes on 2 cores)
     python benchmarks/recurrent.py --shapes base --repeats 15
+    python benchmarks/recurrent.py               # on a GPU: the four GPU rows, float32 + bfloat16
+    python benchmarks/recurrent.py --shapes all --cells lstm --dtypes float32,bfloat16
 
-For each shape (B batch, T time, D input, H hidden) and cell, one training step's worth
-of work is timed: outputs of a single-layer unidirectional layer, a random cotangent,
-gradients with respect to the input and every weight. Peers, all timed in the same run,
-interleaved round-robin so that machine noise hits each alike:
+What is timed, for each shape (B batch, T time, D input, H hidden, layers, bidirectional),
+cell and dtype: one training step's worth of work. The layer maps x [B, T, D] (zero
+initial state) to outputs [B, T, directions·H]; the gradients of <outputs, cotangent>
+(a fixed random cotangent) with respect to x and every weight are computed. For the JAX
+peers that is one ahead-of-time compiled `jit(grad(...))` call followed by
+`jax.block_until_ready`; for torch, forward + `backward(cotangent)` followed by
+`torch.cuda.synchronize()` on a GPU. Compilation and two warm-up calls are not timed.
+Peers run interleaved round-robin in one process (medians over rounds, `timing.py`) so
+that machine noise hits each alike; ratios are ours / peer (below 1.0: we are faster).
 
-  ours   research.recurrent.{LSTM, GRU, RNN}
-  torch  torch.nn.{LSTM, GRU, RNN} (oneDNN kernels; as many threads as cores)
-  flax   flax.linen.RNN over LSTMCell, OptimizedLSTMCell, GRUCell, SimpleCell
+  ours                  research.recurrent.{LSTM, GRU, RNN}(hidden_size=H, num_layers,
+                        bidirectional, dtype)
+  torch cuDNN / torch   torch.nn.{LSTM, GRU, RNN}(D, H, num_layers, bidirectional,
+                        batch_first=True): on CUDA (cuDNN) when JAX's backend is a GPU and
+                        torch sees CUDA, else on the CPU (oneDNN, as many threads as cores)
+  jax.experimental.rnn  JAX's cuDNN LSTM (`lstm`, weights from `init_lstm_weight`):
+                        GPU backend and LSTM only; never imported on the CPU
+  flax <Cell>           flax.linen.RNN over LSTMCell, OptimizedLSTMCell, GRUCell, SimpleCell;
+                        layers > 1 are stacked by `FlaxStack` (each layer's outputs feed the
+                        next, as in torch) and a bidirectional layer is nn.Bidirectional
 
-It prints median milliseconds and the ratios ours / peer (below 1.0: we are faster).
+dtypes: float32, or bfloat16 computation with float32 parameters where the peer has that
+mode: ours `dtype=bfloat16` (outputs bfloat16, float32 accumulation and state), flax cells
+`dtype=bfloat16, param_dtype=float32`. torch and jax.experimental.rnn have no such mode:
+their weights and inputs are cast to bfloat16 (module `.to(torch.bfloat16)`). float32
+matrix products run at each library's default precision (TF32 on recent NVIDIA GPUs for
+JAX, cuDNN through torch and jax.experimental.rnn); the header line says which.
+
+A peer that cannot run a case prints "—" and the reason below the table: in this jax,
+jax.experimental.rnn lowers float32 only, and flax's SimpleCell cannot scan in bfloat16
+with float32 parameters (its float32 carry meets a bfloat16 output).
+
+Defaults follow the platform (`jax.default_backend()`): on the CPU the shapes base, long,
+wide (one unidirectional layer), cells lstm, gru, rnn, float32, 9 rounds, 0.2 s pause;
+on a GPU the four shapes of the GPU goal (base, long_bidir, stack_bidir,
+wide_stack_bidir), cells lstm, gru, float32 and bfloat16, 20 rounds, no pause, and a
+last line checking the goal: ours at most 0.8 × torch cuDNN's time. The flags override.
 """
 
 import argparse
 import os
 
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch share a GPU
+
+# pylint: disable=wrong-import-position
+from typing import Any
+
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -27,10 +62,13 @@ from timing import median_ms
 
 from research import recurrent
 
-SHAPES = {  # name: (B, T, D, H)
-    "base": (32, 128, 256, 256),
-    "long": (32, 1024, 256, 256),
-    "wide": (32, 128, 1024, 1024),
+SHAPES = {  # name: (B, T, D, H, layers, bidirectional)
+    "base": (32, 128, 256, 256, 1, False),
+    "long": (32, 1024, 256, 256, 1, False),
+    "wide": (32, 128, 1024, 1024, 1, False),
+    "long_bidir": (16, 1024, 256, 256, 1, True),
+    "stack_bidir": (128, 256, 512, 512, 2, True),
+    "wide_stack_bidir": (256, 64, 1024, 1024, 2, True),
 }
 CELLS = {  # cell: (our layer, torch module, {flax peer name: flax cell})
     "lstm": (recurrent.LSTM, torch.nn.LSTM,
@@ -38,62 +76,193 @@ CELLS = {  # cell: (our layer, torch module, {flax peer name: flax cell})
     "gru": (recurrent.GRU, torch.nn.GRU, {"flax GRUCell": nn.GRUCell}),
     "rnn": (recurrent.RNN, torch.nn.RNN, {"flax SimpleCell": nn.SimpleCell}),
 }
+DTYPES = {"float32": (jnp.float32, torch.float32), "bfloat16": (jnp.bfloat16, torch.bfloat16)}
+DEFAULTS = {  # backend: flag defaults (any other backend gets the CPU's)
+    "cpu": {"shapes": "base,long,wide", "cells": "lstm,gru,rnn", "dtypes": "float32",
+            "repeats": 9, "pause": 0.2},
+    "gpu": {"shapes": "base,long_bidir,stack_bidir,wide_stack_bidir", "cells": "lstm,gru",
+            "dtypes": "float32,bfloat16", "repeats": 20, "pause": 0.0},
+}
+GOAL = 0.8        # on a GPU: ours / torch cuDNN at most this at every row
 
 
-def jax_step(model: nn.Module, x: np.ndarray, cotangent: np.ndarray):
-  """A jitted fn() computing d(<outputs, cotangent>)/d(params, x), blocking until done."""
-  x, cotangent = jnp.asarray(x), jnp.asarray(cotangent)
+class FlaxStack(nn.Module):
+  """flax.linen.RNN layers stacked like torch's num_layers; nn.Bidirectional if asked.
+
+  x: [B, T, D] -> outputs [B, T, directions·H] of the last layer.
+  """
+  cell: Any                        # a flax.linen cell class, e.g. nn.LSTMCell
+  features: int                    # H
+  num_layers: int = 1
+  bidirectional: bool = False
+  dtype: Any = None                # the cells' computation dtype (parameters stay float32)
+
+  @nn.compact
+  def __call__(self, x):
+    rnn = lambda: nn.RNN(self.cell(self.features, dtype=self.dtype, param_dtype=jnp.float32))
+    for _ in range(self.num_layers):
+      x = nn.Bidirectional(rnn(), rnn())(x) if self.bidirectional else rnn()(x)
+    return x
+
+
+def compiled_step(loss, *args):
+  """fn() computing d loss(*args) / d(args[0], args[1]), compiled ahead of time.
+
+  Every array is an argument (nothing large is baked into the executable); fn blocks
+  until the gradients are ready.
+  """
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile()
+  return lambda: jax.block_until_ready(grad(*args))
+
+
+def jax_step(model: nn.Module, x: jax.Array, cotangent: jax.Array):
+  """fn() for a flax module mapping x to outputs (or (outputs, state)): grads of params, x."""
   variables = model.init(jax.random.key(0), x)
 
-  def loss(variables, x):
+  def loss(variables, x, cotangent):
     outputs = model.apply(variables, x)
     outputs = outputs[0] if isinstance(outputs, tuple) else outputs
     return jnp.vdot(outputs, cotangent)
 
-  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-  return lambda: jax.block_until_ready(grad(variables, x))
+  return compiled_step(loss, variables, x, cotangent)
 
 
-def torch_step(module: torch.nn.Module, x: np.ndarray, cotangent: np.ndarray):
-  x = torch.from_numpy(x).requires_grad_(True)
-  cotangent = torch.from_numpy(cotangent)
+def jax_cudnn_lstm_step(layers: int, bidirectional: bool, x: jax.Array, cotangent: jax.Array,
+                        hidden: int):
+  """fn() for JAX's cuDNN LSTM, jax.experimental.rnn.lstm: grads of its weights and x.
+
+  Call only on a GPU backend: the op has no CPU lowering.
+  """
+  from jax.experimental import rnn  # pylint: disable=import-outside-toplevel
+  batch, steps, features = x.shape
+  weights = rnn.init_lstm_weight(jax.random.key(0), features, hidden, layers, bidirectional)
+  state = jnp.zeros((layers * (2 if bidirectional else 1), batch, hidden), x.dtype)
+  lengths = jnp.full((batch,), steps, jnp.int32)
+
+  def loss(weights, x, cotangent, h0, c0, lengths):
+    outputs, _, _ = rnn.lstm(x, h0, c0, weights, lengths, features, hidden, layers, 0.0,
+                             bidirectional)
+    return jnp.vdot(outputs, cotangent)
+
+  return compiled_step(loss, weights.astype(x.dtype), x, cotangent, state, state, lengths)
+
+
+def torch_step(module: torch.nn.Module, x: np.ndarray, cotangent: np.ndarray,
+               device: torch.device, dtype: torch.dtype):
+  """fn() running module's forward and backward(cotangent) on device, waiting for it."""
+  module = module.to(device=device, dtype=dtype)
+  x = torch.from_numpy(x).to(device=device, dtype=dtype).requires_grad_(True)
+  cotangent = torch.from_numpy(cotangent).to(device=device, dtype=dtype)
+  synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
   def run():
     module.zero_grad(set_to_none=True)
     x.grad = None
     outputs, _ = module(x)
     outputs.backward(cotangent)
+    synchronize()
 
   return run
 
 
+def optional_peer(fns: dict, notes: dict, name: str, build):
+  """fns[name] = build(), or the reason in notes[name] when the peer cannot run this case."""
+  try:
+    fns[name] = build()
+  except Exception as error:  # pylint: disable=broad-except  # a peer's unsupported case
+    notes[name] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
+
+
+def peers(shape: str, cell: str, dtype: str, backend: str, device: torch.device):
+  """({peer: fn}, {peer: reason not run}) for one table row; "ours" first."""
+  b, t, d, h, layers, bidirectional = SHAPES[shape]
+  ours, torch_cls, flax_cells = CELLS[cell]
+  jax_dtype, torch_dtype = DTYPES[dtype]
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((b, t, d), dtype=np.float32)
+  cotangent = rng.standard_normal((b, t, (2 if bidirectional else 1) * h), dtype=np.float32)
+  jx, jcotangent = jnp.asarray(x, jax_dtype), jnp.asarray(cotangent, jax_dtype)
+
+  fns, notes = {}, {}
+  fns["ours"] = jax_step(ours(hidden_size=h, num_layers=layers, bidirectional=bidirectional,
+                              dtype=jax_dtype), jx, jcotangent)
+  torch_name = "torch cuDNN" if device.type == "cuda" else "torch"
+  fns[torch_name] = torch_step(torch_cls(d, h, num_layers=layers, bidirectional=bidirectional,
+                                         batch_first=True), x, cotangent, device, torch_dtype)
+  if backend == "gpu" and cell == "lstm":
+    optional_peer(fns, notes, "jax.experimental.rnn",
+                  lambda: jax_cudnn_lstm_step(layers, bidirectional, jx, jcotangent, h))
+  for name, flax_cell in flax_cells.items():
+    stack = FlaxStack(flax_cell, h, layers, bidirectional, jax_dtype)
+    optional_peer(fns, notes, name, lambda stack=stack: jax_step(stack, jx, jcotangent))
+  return fns, notes
+
+
+def header(backend: str, device: torch.device, repeats: int) -> str:
+  if device.type == "cuda":
+    torch_where = (f"cuda ({torch.cuda.get_device_name(device)}, cuDNN "
+                   f"{torch.backends.cudnn.version()}, cudnn.allow_tf32="
+                   f"{torch.backends.cudnn.allow_tf32})")
+  else:
+    torch_where = f"cpu ({torch.get_num_threads()} threads)"
+  precision = jax.config.jax_default_matmul_precision or "default"
+  return (f"{backend} ({jax.devices()[0].device_kind}): jax {jax.__version__} (matmul precision "
+          f"{precision}), flax {flax.__version__}, torch {torch.__version__} on {torch_where}; "
+          f"medians of {repeats} interleaved rounds")
+
+
 def main():
+  backend = jax.default_backend()
+  defaults = DEFAULTS.get(backend, DEFAULTS["cpu"])
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--shapes", default="base,long,wide", help=f"comma list of {list(SHAPES)}")
-  parser.add_argument("--cells", default="lstm,gru,rnn", help=f"comma list of {list(CELLS)}")
-  parser.add_argument("--repeats", type=int, default=9)
-  parser.add_argument("--pause", type=float, default=0.2, help="seconds idle before each call")
+  parser.add_argument("--shapes", default=defaults["shapes"],
+                      help=f"comma list of {list(SHAPES)}, or all (default here: %(default)s)")
+  parser.add_argument("--cells", default=defaults["cells"],
+                      help=f"comma list of {list(CELLS)} (default here: %(default)s)")
+  parser.add_argument("--dtypes", default=defaults["dtypes"],
+                      help=f"comma list of {list(DTYPES)} (default here: %(default)s)")
+  parser.add_argument("--repeats", type=int, default=defaults["repeats"])
+  parser.add_argument("--pause", type=float, default=defaults["pause"],
+                      help="seconds idle before each timed call (default here: %(default)s)")
   args = parser.parse_args()
+  shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+  for name, values, known in (("shape", shapes, SHAPES), ("cell", args.cells.split(","), CELLS),
+                              ("dtype", args.dtypes.split(","), DTYPES)):
+    if unknown := [v for v in values if v not in known]:
+      parser.error(f"unknown {name} {unknown}; choose from {list(known)}")
+
+  device = torch.device("cuda" if backend == "gpu" and torch.cuda.is_available() else "cpu")
   torch.set_num_threads(os.cpu_count())
-  print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__} "
-        f"with {torch.get_num_threads()} threads; medians of {args.repeats} interleaved rounds\n")
-  print("| shape B,T,D,H | cell | ours ms | peer | peer ms | ours / peer |")
-  print("|---|---|---|---|---|---|")
-  for shape in args.shapes.split(","):
-    b, t, d, h = SHAPES[shape]
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((b, t, d), dtype=np.float32)
-    cotangent = rng.standard_normal((b, t, h), dtype=np.float32)
+  print(header(backend, device, args.repeats) + "\n")
+  print("| shape B,T,D,H,layers,bidir | cell | dtype | ours ms | peer | peer ms | ours / peer |")
+  print("|---|---|---|---|---|---|---|")
+  not_run, goal_ratios = {}, []
+  for shape in shapes:
+    b, t, d, h, layers, bidirectional = SHAPES[shape]
+    shape_text = f"{b},{t},{d},{h},{layers},{'yes' if bidirectional else 'no'}"
     for cell in args.cells.split(","):
-      ours, torch_cls, flax_cells = CELLS[cell]
-      fns = {"ours": jax_step(ours(hidden_size=h), x, cotangent),
-             "torch": torch_step(torch_cls(d, h, batch_first=True), x, cotangent)}
-      fns.update({name: jax_step(nn.RNN(flax_cell(h)), x, cotangent)
-                  for name, flax_cell in flax_cells.items()})
-      ms = median_ms(fns, args.repeats, args.pause)
-      for peer in list(fns)[1:]:
-        print(f"| {b},{t},{d},{h} | {cell} | {ms['ours']:.1f} | {peer} | {ms[peer]:.1f} "
-              f"| {ms['ours'] / ms[peer]:.2f} |", flush=True)
+      for dtype in args.dtypes.split(","):
+        fns, notes = peers(shape, cell, dtype, backend, device)
+        ms = median_ms(fns, args.repeats, args.pause)
+        row = f"| {shape_text} | {cell} | {dtype} | {ms['ours']:.2f} |"
+        for peer in list(fns)[1:] + list(notes):
+          if peer in notes:
+            print(f"{row} {peer} | — | — |", flush=True)
+            not_run.setdefault((peer, notes[peer]), []).append(f"{shape_text} {cell} {dtype}")
+            continue
+          ratio = ms["ours"] / ms[peer]
+          print(f"{row} {peer} | {ms[peer]:.2f} | {ratio:.2f} |", flush=True)
+          if peer == "torch cuDNN":
+            goal_ratios.append((ratio, f"{shape_text} {cell} {dtype}"))
+        del fns  # free this row's device buffers before the next
+
+  for (peer, reason), rows in not_run.items():
+    print(f"\n{peer} not run at {'; '.join(rows)}: {reason}")
+  if goal_ratios:
+    met = sum(ratio <= GOAL for ratio, _ in goal_ratios)
+    worst, where = max(goal_ratios)
+    print(f"\nGoal ours / torch cuDNN <= {GOAL}: met at {met} of {len(goal_ratios)} rows; "
+          f"worst {worst:.2f} at {where}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import socket
 import struct
 import time
 
+
 def _crc32c_table() -> tuple[int, ...]:
   """Byte-at-a-time table of the reflected Castagnoli polynomial 0x82F63B78."""
   table = []
