@@ -126,7 +126,6 @@ def main(config, module, name: str, verbose: bool) -> None:
       ROOT, "runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   try:
     task = tasks.get(config.task)
-    distributed.check(config)
     distributed.initialize(config)
     if _SWEEP.value:
       if not hasattr(module, "get_sweep"):

@@ -23,6 +23,7 @@ from absl import logging
 
 from research.errors import CheckpointMismatchError, RunFailed
 from research.training import distributed
+from research.training.workdir import unused_path
 
 UNREADABLE_SUFFIX = "_unreadable"
 
@@ -101,15 +102,12 @@ class Checkpoints:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like_state)
     for step in sorted(self.manager.all_steps(), reverse=True):
       # Every process decides alike (any_process), before any of them moves a checkpoint.
-      metadata, error = None, None
-      try:
-        metadata = self.manager.item_metadata(step)
-        saved = metadata["state"]
-      except Exception as read_error:  # noqa: BLE001 - metadata that cannot be read: unreadable
-        error = read_error
-      if distributed.any_process(error is not None):
-        self._set_aside(step, error or OSError("unreadable on another process"))
+      metadata, error = _attempt(self.manager.item_metadata, step)
+      if distributed.any_process(metadata is None or "state" not in metadata.keys()):
+        self._set_aside(step, error or OSError("no readable state metadata here or on "
+                                               "another process"))
         continue
+      saved = metadata["state"]
       difference = first_difference(_shapes(getattr(saved, "tree", saved)), _shapes(abstract))
       if difference:
         raise CheckpointMismatchError(
@@ -119,11 +117,7 @@ class Checkpoints:
       items = dict(state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore())
       if "unlogged_metrics" in metadata.keys():     # checkpoints written before it lack it
         items["unlogged_metrics"] = ocp.args.JsonRestore()
-      restored = None
-      try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-      except Exception as read_error:  # noqa: BLE001 - arrays that cannot be read: unreadable
-        error = read_error
+      restored, error = _attempt(self.manager.restore, step, args=ocp.args.Composite(**items))
       if distributed.any_process(restored is None):
         self._set_aside(step, error or OSError("unreadable on another process"))
         continue
@@ -134,7 +128,7 @@ class Checkpoints:
   def _set_aside(self, step: int, error: Exception) -> None:
     """Process 0 moves the checkpoint of `step` aside while the others wait."""
     if jax.process_index() == 0:
-      aside = _free_name(os.path.join(f"{self.directory}{UNREADABLE_SUFFIX}", str(step)))
+      aside = unused_path(os.path.join(f"{self.directory}{UNREADABLE_SUFFIX}", str(step)))
       logging.warning("checkpoint at step %d cannot be read (%s); moved to %s, falling back "
                       "to the previous checkpoint", step, _first_line(error), aside)
       os.makedirs(os.path.dirname(aside), exist_ok=True)
@@ -149,6 +143,15 @@ class Checkpoints:
       self.raise_if_failed(wait=True)
     finally:
       self.manager.close()
+
+
+def _attempt(read, *args, **kwargs):
+  """(read(*args, **kwargs), None), or (None, the exception) for a checkpoint that cannot
+  be read."""
+  try:
+    return read(*args, **kwargs), None
+  except Exception as error:  # noqa: BLE001 - whatever fails to read makes it unreadable
+    return None, error
 
 
 def _shapes(tree) -> dict[str, tuple]:
@@ -175,15 +178,6 @@ def first_difference(saved: dict[str, tuple], model: dict[str, tuple]) -> str | 
     if saved[path] != model[path]:
       return f"{path} has shape {saved[path]} in the checkpoint and {model[path]} in the model"
   return None
-
-
-def _free_name(path: str) -> str:
-  """path, or path.1, path.2, ... whichever does not exist yet."""
-  candidate, n = path, 0
-  while os.path.exists(candidate):
-    n += 1
-    candidate = f"{path}.{n}"
-  return candidate
 
 
 def _first_line(error: Exception) -> str:

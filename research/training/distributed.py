@@ -43,7 +43,9 @@ def check(config) -> None:
 
 
 def initialize(config) -> None:
-  """Joins the run described by config.distributed (checked); call before any JAX work."""
+  """Joins the run described by config.distributed (ConfigError first if it cannot describe
+  one); call before any JAX work."""
+  check(config)
   d = config.distributed
   if d.coordinator_address:
     jax.distributed.initialize(coordinator_address=d.coordinator_address,

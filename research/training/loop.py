@@ -206,16 +206,16 @@ def _from_json(rows: list[dict]) -> list[dict]:
 @contextlib.contextmanager
 def _closing(checkpoints: Checkpoints, progress: Progress, writer: MetricsWriter):
   """Closes the loop's writers; after a failure, their own errors do not hide the first."""
+  closers = (checkpoints.close, progress.close, writer.close)
   try:
     yield
   except BaseException:
-    for close in (checkpoints.close, progress.close, writer.close):
+    for close in closers:
       with contextlib.suppress(Exception):
         close()
     raise
-  checkpoints.close()
-  progress.close()
-  writer.close()
+  for close in closers:
+    close()
 
 
 class _StopFlag:

@@ -11,6 +11,7 @@ import jax
 
 from research.errors import RunFailed
 from research.training.tensorboard import EventWriter
+from research.training.workdir import unused_path
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -52,11 +53,8 @@ class MetricsWriter:
       offset += len(line)
     tail = b"".join(lines)[offset:]
     if tail and self.enabled:
-      stem = os.path.join(os.path.dirname(self.path), f"metrics.after_step_{step}")
-      aside, n = f"{stem}.jsonl", 0
-      while os.path.exists(aside):
-        n += 1
-        aside = f"{stem}.{n}.jsonl"
+      aside = unused_path(os.path.join(os.path.dirname(self.path), f"metrics.after_step_{step}"),
+                          ".jsonl")
       with open(aside, "wb") as f:
         f.write(tail)
         f.flush()

@@ -1,4 +1,6 @@
-"""One writer per workdir: a run holds an exclusive lock on `<workdir>/run.lock`.
+"""The workdir: one writer at a time, and names that never replace what is set aside.
+
+A run holds an exclusive lock on `<workdir>/run.lock`.
 
 The lock is an `fcntl.flock` on an open file, so the operating system releases it when
 the process ends in any way (exit, crash, kill -9): a lock left by a dead process is
@@ -57,6 +59,16 @@ def hold(workdir: str):
       raise WorkdirError(f"workdir {workdir} cannot be written ({error.strerror}); give a "
                          "directory you can write to with --workdir") from None
     yield
+
+
+def unused_path(stem: str, extension: str = "") -> str:
+  """stem + extension, or stem.1 + extension, stem.2 + extension, … whichever is free: what
+  the runtime sets aside never replaces an earlier copy."""
+  path, n = f"{stem}{extension}", 0
+  while os.path.exists(path):
+    n += 1
+    path = f"{stem}.{n}{extension}"
+  return path
 
 
 def _make_directory(workdir: str) -> None:

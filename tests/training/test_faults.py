@@ -59,14 +59,21 @@ def test_kill_9_then_rerun_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path
       assert [int(line.split(",")[0].split(":")[1]) for line in f][-1] == killed_at
 
 
-def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
-  workdir = str(tmp_path)
+def _signal_after_step_120(workdir: str, signum: int) -> tuple[int, str, int]:
+  """(exit status, stderr, the step it saved) of a run sent `signum` after step 120."""
   process = tiny.start(workdir, **LONG)
   tiny.wait_for_step(workdir, 120, process)
-  process.send_signal(signal.SIGTERM)
+  process.send_signal(signum)
   _, stderr = process.communicate(timeout=300)
-  assert process.returncode == 0, stderr[-2000:]
-  step = int(stderr.split("SIGTERM at step ")[1].split(":")[0])
+  name = signal.Signals(signum).name
+  step = int(stderr.split(f"{name} at step ")[1].split(":")[0]) if name in stderr else -1
+  return process.returncode, stderr, step
+
+
+def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
+  workdir = str(tmp_path)
+  status, stderr, step = _signal_after_step_120(workdir, signal.SIGTERM)
+  assert status == 0, stderr[-2000:]
   assert 120 <= step < LONG["train.num_steps"]
   restored = _restore(workdir)
   assert restored.step == step == int(restored.state.step) == restored.data["step"]
@@ -75,14 +82,11 @@ def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
 def test_ctrl_c_saves_the_current_step_exits_130_and_a_rerun_matches_bit_for_bit(tmp_path,
                                                                                  reference):
   workdir = str(tmp_path)
-  process = tiny.start(workdir, **LONG)
-  tiny.wait_for_step(workdir, 120, process)
-  process.send_signal(signal.SIGINT)
-  _, stderr = process.communicate(timeout=300)
-  assert process.returncode == 130, stderr[-2000:]
+  status, stderr, step = _signal_after_step_120(workdir, signal.SIGINT)
+  assert status == 130, stderr[-2000:]
   assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
   (line,) = _user_lines(stderr)
-  step = int(line.split("SIGINT at step ")[1].split(":")[0])
+  assert line.startswith(f"SIGINT at step {step}: checkpoint saved in ")
   assert 120 <= step < LONG["train.num_steps"]
   assert os.path.isdir(os.path.join(workdir, "checkpoints", str(step)))
   resumed = tiny.run(workdir, **LONG)
