@@ -7,7 +7,7 @@ answering 1 scores MSE ≈ 0.167) and recall (K key-value pairs, T blanks, a que
 
   python launch.py --config experiments/sequence_tasks.py:task=adding,model=lstm
   python launch.py --config experiments/sequence_tasks.py:model=transformer \
-      --config.model.attention=local --config.model.window=8 --config.model.implementation=banded
+      --config.model.attention=local --config.model.window=8
 
 Expected: eval/mse ≈ 0.002 (the constant 1 scores 0.167), eval/accuracy ≈ 0.67, in about
 40 s on a 2-core CPU (2000 steps of batch 64). A vanilla RNN (model=rnn) stays at 0.16.
@@ -111,7 +111,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.num_heads = 4              # transformer attention heads
   config.model.attention = "full"         # transformer attention pattern: full | local (window)
   config.model.window = 0                 # half-width of local attention (0 with full)
-  config.model.implementation = "dense"   # research.attention implementation: dense | chunked | banded
+  config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
   return config
 

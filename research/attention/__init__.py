@@ -9,6 +9,7 @@ Gumbel straight-through (`hard.py`), Linformer and memory-compressed attention
 `from_torch(torch.nn.MultiheadAttention)` imports torch weights.
 """
 
+from research import kernels  # noqa: E402,F401  (registers cudnn and the Pallas kernels)
 from research.attention.compressed import (
                                            LinformerSelfAttention,
                                            MemoryCompressedAttention,
@@ -29,6 +30,7 @@ from research.attention.implementations import Request as AttentionRequest
 from research.attention.implementations import get as get_implementation
 from research.attention.implementations import names as implementation_names
 from research.attention.implementations import register as register_implementation
+from research.attention.implementations import registered as registered_implementations
 from research.attention.implementations import supporting as supporting_implementations
 from research.attention.kernel_regression import KERNELS, NadarayaWatson, nadaraya_watson
 from research.attention.local import LocalAttention, local_attention_weights
@@ -69,6 +71,6 @@ __all__ = [
     "from_torch", "general_score", "get_implementation", "global_tokens_mask", "gumbel_softmax",
     "hard_attention", "implementation_names", "linformer_attention", "local_attention_weights",
     "location_score", "make_score", "nadaraya_watson", "padding_mask", "register_implementation",
-    "reinforce_surrogate", "scaled_dot_score", "supporting_implementations",
+    "registered_implementations", "reinforce_surrogate", "scaled_dot_score", "supporting_implementations",
     "update_moving_average_baseline", "window_mask",
 ]

@@ -41,6 +41,11 @@ class _Static(NamedTuple):
   kv_len: int     # before padding
   left: int | None
   right: int | None
+  causal: bool
+  global_tokens: tuple[int, ...]
+
+  def visibility(self, kv_lengths) -> Visibility:
+    return Visibility(self.left, self.right, kv_lengths, self.causal, self.global_tokens)
 
 
 def _pad_to(x: Array | None, axis: int, multiple: int) -> Array | None:
@@ -76,7 +81,7 @@ def _visible(s: _Static, mask, kv_lengths, q_start, k_start, masked: bool) -> Ar
   """bool [b|1, 1|H_kv, 1|G, bq, bk] for one block, or None for a fully visible block."""
   if not masked:
     return None
-  vis = Visibility(s.left, s.right, kv_lengths)
+  vis = s.visibility(kv_lengths)
   keys_padded = s.kv_len % s.k_block != 0
   if vis.sees_everything and not keys_padded:
     visible = None
@@ -122,7 +127,7 @@ def _fori_masked_and_full(lo, hi, full, body, carry):
 
 def _forward(s: _Static, q, k, v, bias, mask, kv_lengths):
   """q [b, H_kv, G, Lq, d], k/v [b, H_kv, Lk, d] (padded) -> out, lse."""
-  vis = Visibility(s.left, s.right, kv_lengths)
+  vis = s.visibility(kv_lengths)
   num_q_blocks = q.shape[3] // s.q_block
 
   def query_block(i):
@@ -179,7 +184,7 @@ def _attention_bwd(s, residuals, d_out):
   """Works on transposed blocks sᵀ = k qᵀ [.., bk, bq] so that dv = pᵀ dout and
   dk = dsᵀ q are plain products; only dq = ds k needs a transpose."""
   q, k, v, bias, mask, kv_lengths, out, lse = residuals
-  vis = Visibility(s.left, s.right, kv_lengths)
+  vis = s.visibility(kv_lengths)
   delta = jnp.sum(d_out.astype(F32) * out.astype(F32), axis=-1)     # [b, h, g, Lq]
   num_k_blocks = k.shape[2] // s.k_block
   transpose = lambda x: None if x is None else jnp.swapaxes(x, -1, -2)
@@ -254,7 +259,7 @@ def chunked_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array
     scale: multiplies q kᵀ.
     bias: [batch|1, H|1, q_len|1, kv_len|1] or None (a dense bias is O(n²) memory).
     mask: bool, same broadcasting as bias, or None.
-    visibility: causal / window / key lengths, applied block by block.
+    visibility: causal / window / global tokens / key lengths, applied block by block.
     q_block, k_block: block sizes (clipped to the sequence lengths).
 
   Returns:
@@ -263,7 +268,8 @@ def chunked_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array
   b, q_len, h, _ = q.shape
   kv_len, num_kv_heads = k.shape[1], k.shape[2]
   q_block, k_block = min(q_block, q_len), min(k_block, kv_len)
-  s = _Static(scale, q_block, k_block, q_len, kv_len, visibility.left, visibility.right)
+  s = _Static(scale, q_block, k_block, q_len, kv_len, visibility.left, visibility.right,
+              visibility.causal, visibility.global_tokens)
   # [b, L, H, d] -> [b, H_kv, G, L, d] and [b, L, H_kv, d] -> [b, H_kv, L, d], padded to blocks
   qh = jnp.moveaxis(q.reshape(b, q_len, num_kv_heads, h // num_kv_heads, -1), 1, 3)
   kh, vh = jnp.moveaxis(k, 1, 2), jnp.moveaxis(v, 1, 2)

@@ -23,6 +23,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from research.attention import implementations
 from research.attention.masks import Visibility
@@ -58,9 +59,24 @@ def _check_shapes(q, k, v):
     raise ValueError(f"key/value heads ({k.shape[2]}) must divide query heads ({q.shape[2]})")
 
 
+def _global_positions(global_tokens, length: int) -> tuple[int, ...]:
+  """Static global-token positions -> a sorted tuple of distinct ints in [0, length)."""
+  if global_tokens is None:
+    return ()
+  if isinstance(global_tokens, jax.core.Tracer):
+    raise ValueError("global_tokens must be static positions (a list of ints or a NumPy "
+                     "array), not a traced array: they decide which blocks a kernel visits")
+  positions = np.asarray(global_tokens)
+  if positions.ndim != 1 or not (positions.size == 0 or np.issubdtype(positions.dtype, np.integer)):
+    raise ValueError(f"global_tokens must be a 1-D sequence of int positions, got {global_tokens!r}")
+  if positions.size and (positions.min() < 0 or positions.max() >= length):
+    raise ValueError(f"global_tokens must lie in [0, {length}), got {global_tokens!r}")
+  return tuple(int(p) for p in np.unique(positions))
+
+
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = None,
                           bias: Array | None = None, is_causal: bool = False, window=None,
-                          implementation: str = "dense", return_weights: bool = False,
+                          global_tokens=None, implementation: str = "auto", return_weights: bool = False,
                           scale: float | None = None,
                           key_value_seq_lengths: Array | None = None,
                           block_size: int | None = None):
@@ -72,6 +88,9 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     bias: added to the logits, broadcastable like mask (e.g. a prior or position bias).
     is_causal: query i sees keys j ≤ i.
     window: None, w (keys i−w … i+w) or (left, right); with is_causal right is 0.
+    global_tokens: static positions (ints) of Longformer's global tokens: each sees every
+      key and is seen by every query, within causality and key lengths (see
+      `masks.Visibility`); usually with a window.
     implementation: a registered name (`implementations.names()`): "dense", "chunked",
       "banded", or one registered by the user.
     return_weights: also return the weights [batch, H, q_len, kv_len] (dense only).
@@ -84,7 +103,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
   """
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   _check_shapes(q, k, v)
-  implementations.get(implementation)  # an unknown name fails first, listing the names
+  implementations.check_name(implementation)  # an unknown name fails first, listing the names
   if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
     raise ValueError(f"block_size must be a positive int, got {block_size!r}")
   b, q_len, h, d = q.shape
@@ -97,9 +116,10 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     if key_value_seq_lengths.shape != (b,):
       raise ValueError(f"key_value_seq_lengths must have shape (batch,) = ({b},), "
                        f"got {key_value_seq_lengths.shape}")
-  visibility = Visibility.make(is_causal, window, key_value_seq_lengths)
+  positions = _global_positions(global_tokens, max(q_len, k.shape[1]))
+  visibility = Visibility.make(is_causal, window, key_value_seq_lengths, positions)
   request = implementations.Request.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                                       window=window,
+                                       window=window, global_tokens=positions,
                                        key_value_seq_lengths=key_value_seq_lengths,
                                        return_weights=return_weights)
   chosen = implementations.check(implementation, request)

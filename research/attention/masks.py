@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -64,22 +65,32 @@ def normalize_window(window, is_causal: bool) -> tuple[int, int] | None:
 
 
 class Visibility(NamedTuple):
-  """The structured part of a mask: causal and/or a window, plus key lengths.
+  """The structured part of a mask: causal, a window, global tokens, key lengths.
 
-  left / right: the window's reach (None: unbounded on that side); causal is folded
-  into right = 0. kv_lengths [batch] masks keys t ≥ length (padding), or None.
+  Query i sees key j when
+
+    j < kv_lengths[b]  and  (not causal or j ≤ i)
+                       and  (−left ≤ j − i ≤ right  or  i ∈ G  or  j ∈ G)
+
+  left / right: the window's reach (None: unbounded on that side); causal also sets
+  right = 0, so without global tokens the window alone says it. global_tokens G: static
+  sorted positions (Longformer's symmetric global attention: a global token sees every
+  key and every query sees it, still within causality and key lengths). kv_lengths
+  [batch] masks keys t ≥ length (padding), or None.
   """
   left: int | None = None
   right: int | None = None
   kv_lengths: Array | None = None
+  causal: bool = False
+  global_tokens: tuple[int, ...] = ()
 
   @classmethod
-  def make(cls, is_causal: bool, window, kv_lengths=None) -> "Visibility":
+  def make(cls, is_causal: bool, window, kv_lengths=None, global_tokens=()) -> "Visibility":
     w = normalize_window(window, is_causal)
     left, right = (None, None) if w is None else w
     if is_causal:
       right = 0
-    return cls(left, right, kv_lengths)
+    return cls(left, right, kv_lengths, bool(is_causal), tuple(global_tokens))
 
   @property
   def sees_everything(self) -> bool:
@@ -88,26 +99,69 @@ class Visibility(NamedTuple):
 
   def dense(self, q_len: int, kv_len: int, q_start=0, k_start=0) -> Array:
     """[batch or 1, q_len, kv_len] mask for queries q_start… and keys k_start…."""
-    offset = (k_start + jnp.arange(kv_len))[None, :] - (q_start + jnp.arange(q_len))[:, None]
+    queries, keys = q_start + jnp.arange(q_len), k_start + jnp.arange(kv_len)
+    offset = keys[None, :] - queries[:, None]
     visible = jnp.ones((q_len, kv_len), bool)
     if self.left is not None:
       visible &= offset >= -self.left
     if self.right is not None:
       visible &= offset <= self.right
+    if self.global_tokens:
+      positions = jnp.asarray(self.global_tokens)
+      is_global = lambda x: (x[:, None] == positions[None, :]).any(-1)
+      visible |= is_global(queries)[:, None] | is_global(keys)[None, :]
+      if self.causal:
+        visible &= offset <= 0
     visible = visible[None]
     if self.kv_lengths is not None:
-      keys = k_start + jnp.arange(kv_len)
       visible = visible & (keys[None, None, :] < self.kv_lengths[:, None, None])
     return visible
 
+  def block_map(self, q_len: int, kv_len: int, q_block: int, k_block: int) -> np.ndarray:
+    """int8 [⌈q_len/q_block⌉, ⌈kv_len/k_block⌉], computed at trace time from the static
+    pattern (key lengths and masks are not in it): 0 = no query of the block sees a key
+    of the block, 1 = some do (the block needs a mask), 2 = all do.
+
+    Kernels visit only the blocks > 0, so a window of w costs O(L·w) and global tokens
+    add their rows and columns of blocks.
+    """
+    q_first = np.arange(0, q_len, q_block)[:, None]
+    k_first = np.arange(0, kv_len, k_block)[None, :]
+    q_last = np.minimum(q_first + q_block, q_len) - 1
+    k_last = np.minimum(k_first + k_block, kv_len) - 1
+    low, high = k_first - q_last, k_last - q_first       # the block's range of j − i
+    left = np.inf if self.left is None else self.left
+    right = np.inf if self.right is None else self.right
+    some = (high >= -left) & (low <= right)
+    every = (low >= -left) & (high <= right)
+    if self.global_tokens:
+      positions = np.asarray(self.global_tokens)
+      in_blocks = lambda first, last: ((positions >= first[..., None])
+                                       & (positions <= last[..., None])).any(-1)
+      some |= in_blocks(q_first, q_last) | in_blocks(k_first, k_last)
+      if self.causal:
+        some &= low <= 0
+        every &= high <= 0
+    # a key block cut short by the end of the sequence is padded: its tail needs the mask
+    ragged = k_first + k_block > kv_len
+    return np.where(some, np.where(every & ~ragged, 2, 1), 0).astype(np.int8)
+
   def key_block_range(self, q_start, q_size: int, kv_len: int) -> tuple[Array, Array]:
-    """[first, last) key positions any query in [q_start, q_start + q_size) may see."""
+    """[first, last) key positions any query in [q_start, q_start + q_size) may see.
+
+    With global tokens only causality bounds it (a global key may lie anywhere).
+    """
+    if self.global_tokens:
+      last = jnp.minimum(q_start + q_size, kv_len) if self.causal else kv_len
+      return jnp.asarray(0), jnp.asarray(last)
     first = 0 if self.left is None else jnp.maximum(q_start - self.left, 0)
     last = kv_len if self.right is None else jnp.minimum(q_start + q_size + self.right, kv_len)
     return jnp.asarray(first), jnp.asarray(last)
 
   def query_block_range(self, k_start, k_size: int, q_len: int) -> tuple[Array, Array]:
     """[first, last) query positions that may see some key in [k_start, k_start + k_size)."""
+    if self.global_tokens:
+      return jnp.asarray(k_start if self.causal else 0), jnp.asarray(q_len)
     first = 0 if self.right is None else jnp.maximum(k_start - self.right, 0)
     last = q_len if self.left is None else jnp.minimum(k_start + k_size + self.left, q_len)
     return jnp.asarray(first), jnp.asarray(last)

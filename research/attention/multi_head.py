@@ -59,8 +59,9 @@ class MultiHeadAttention(nn.Module):
   """Multi-head (or grouped / multi-query) attention over query and key/value inputs.
 
   `__call__(inputs_q [b, q_len, D_q], inputs_kv [b, kv_len, D_k] = inputs_q, ...)`
-  returns [b, q_len, out_features]. With an implementation that returns the weights
-  ("dense") the attention weights [b, H, q_len, kv_len] (before dropout) are sown as
+  returns [b, q_len, out_features]. When the implementation that runs returns the weights
+  ("dense", which "auto" picks for kv_len ≤ 256 on a CPU and whenever dropout needs the
+  weights) the attention weights [b, H, q_len, kv_len] (before dropout) are sown as
   intermediates/attention_weights.
   In a decode step kv_len is the cache's max_len: mask, bias and the sown weights cover
   [n new tokens, max_len].
@@ -70,8 +71,9 @@ class MultiHeadAttention(nn.Module):
   out_features: int | None = None         # output features (default: features of inputs_q)
   num_kv_heads: int | None = None         # H_kv, dividing H (None: H; 1: multi-query)
   dropout_rate: float = 0.0               # dropout on the weights (train=True; needs "dense")
-  implementation: str = "dense"           # a registered name: "dense", "chunked", "banded", …
+  implementation: str = "auto"            # "auto" or a registered name: "dense", "chunked", …
   window: Any = None                      # None, w or (left, right): sliding-window attention
+  global_tokens: Any = None               # static positions of Longformer global tokens
   block_size: int | None = None           # chunked / banded block length (None: their defaults)
   use_bias: bool = True                   # biases in the four projections
   decode: bool = False                    # incremental decoding with a KV cache (self-attention)
@@ -81,11 +83,12 @@ class MultiHeadAttention(nn.Module):
   bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()      # projection biases
 
   def _check_config(self, train: bool):
-    implementation = implementations.get(self.implementation)  # lists the names if unknown
+    implementations.check_name(self.implementation)  # lists the names if unknown
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
-    if self.dropout_rate > 0 and train and not implementation.returns_weights:
-      able = " or ".join(f"implementation={impl!r}" for impl in implementations.names()
+    if (self.dropout_rate > 0 and train and self.implementation != implementations.AUTO
+        and not implementations.get(self.implementation).returns_weights):
+      able = " or ".join(f"implementation={impl!r}" for impl in implementations.registered()
                          if implementations.get(impl).returns_weights)
       able = able or "an implementation that returns them"
       raise ValueError(f"dropout_rate > 0 with train=True drops the attention weights, which "
@@ -130,7 +133,7 @@ class MultiHeadAttention(nn.Module):
     k = dense((num_kv_heads, head_dim), name="key")(inputs_kv)
     v = dense((num_kv_heads, head_dim), name="value")(inputs_v)
 
-    pattern = dict(is_causal=is_causal, window=self.window,
+    pattern = dict(is_causal=is_causal, window=self.window, global_tokens=self.global_tokens,
                    key_value_seq_lengths=key_value_seq_lengths)
     implementation = self.implementation
     if self.decode:
@@ -140,19 +143,22 @@ class MultiHeadAttention(nn.Module):
         pattern = {}
         # A step's queries sit at cache positions, not at key positions 0 … n−1, so its
         # window is a mask: an implementation that cannot do the step (banded needs a
-        # window) gives way to the first registered one that can (dense).
+        # window) gives way to the one "auto" picks.
         step = implementations.Request.of(q, k, v, mask=mask, bias=bias)
-        able = implementations.supporting(step)
-        if able and implementation not in able:
-          implementation = able[0]
+        if (implementation != implementations.AUTO
+            and implementations.get(implementation).unsupported(step)):
+          implementation = implementations.AUTO
 
+    dropout = self.dropout_rate > 0 and train
+    chosen = implementations.check(implementation, implementations.Request.of(
+        q, k, v, mask=mask, bias=bias, return_weights=dropout, **pattern))
     attend = functools.partial(dot_product_attention, q, k, v, mask=mask, bias=bias,
-                               implementation=implementation, block_size=self.block_size,
+                               implementation=chosen.name, block_size=self.block_size,
                                **pattern)
-    if implementations.get(implementation).returns_weights:
+    if chosen.returns_weights:
       out, weights = attend(return_weights=True)
       self.sow("intermediates", "attention_weights", weights)
-      if self.dropout_rate > 0 and train:
+      if dropout:
         dropped = nn.Dropout(self.dropout_rate, deterministic=False)(weights)
         out = weighted_values(dropped, v).astype(q.dtype)
     else:
@@ -186,6 +192,7 @@ class MultiHeadAttention(nn.Module):
                                                   v.astype(cached_value.value.dtype), at)
     cache_index.value = start + new
     lengths = None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths)
-    visibility = Visibility.make(True, self.window, lengths)
+    positions = () if self.global_tokens is None else tuple(self.global_tokens)
+    visibility = Visibility.make(True, self.window, lengths, positions)
     visible = visibility.dense(new, max_len, q_start=start)[:, None]
     return cached_key.value, cached_value.value, visible

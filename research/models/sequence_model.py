@@ -41,7 +41,7 @@ class EncoderBlock(nn.Module):
   """One pre-LayerNorm transformer block on x [B, L, F] -> [B, L, F]."""
   num_heads: int                 # attention heads, dividing F
   mlp_ratio: int = 4             # MLP hidden width / F
-  implementation: str = "dense"  # research.attention implementation of the attention
+  implementation: str = "auto"   # research.attention implementation of the attention
   window: Any = None             # None (full attention) or a sliding-window half-width
   dtype: Any = None              # dtype of the matrix products (None: float32)
 
@@ -69,7 +69,7 @@ class SequenceModel(nn.Module):
   vocab_size: int | None = None  # token inputs; None: float inputs [B, L, D]
   num_heads: int = 1             # transformer attention heads, dividing hidden_size
   attention: str = "full"        # transformer attention pattern: "full" or "local"
-  implementation: str = "dense"  # research.attention implementation of the attention
+  implementation: str = "auto"   # research.attention implementation of the attention
   window: int = 0                # half-width of "local" attention
   dtype: Any = "float32"         # dtype of the matrix products ("float32", "bfloat16")
 

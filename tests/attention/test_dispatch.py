@@ -1,0 +1,164 @@
+"""`implementation="auto"`: the table of what it picks on each platform (platforms mocked),
+that the choice is made when the call is traced and never changes the mathematics, and
+the cuDNN wrapper's translation of our pattern (run through jax.nn's XLA path on a CPU)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.attention import (
+  MultiHeadAttention,
+  Visibility,
+  dot_product_attention,
+  implementations,
+)
+from research.kernels import cudnn
+
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
+Request = implementations.Request
+LONG = dict(q_len=2048, kv_len=2048)
+SHORT = dict(q_len=128, kv_len=128)
+
+
+@pytest.mark.parametrize("platform,request_,chosen", [
+    # GPU: cuDNN where it can, our Pallas kernel for what it cannot
+    ("gpu", Request(causal=True, dtype="bfloat16", **LONG), "cudnn"),
+    ("gpu", Request(causal=True, window=(256, 0), dtype="bfloat16", key_value_seq_lengths=True,
+                    gqa=True, **LONG), "cudnn"),
+    ("gpu", Request(bias=True, mask=True, dtype="float16", **SHORT), "cudnn"),
+    ("gpu", Request(causal=True, dtype="float32", **LONG), "pallas_gpu"),
+    ("gpu", Request(causal=True, window=(256, 0), global_tokens=True, dtype="bfloat16", **LONG),
+     "pallas_gpu"),
+    ("gpu", Request(causal=True, window=(256, 0), bias=True, dtype="bfloat16", **LONG),
+     "pallas_gpu"),
+    ("gpu", Request(window=(64, 64), dtype="bfloat16", **LONG), "pallas_gpu"),
+    ("gpu", Request(causal=True, dtype="bfloat16", head_dim=72 + 4, **LONG), "pallas_gpu"),
+    ("gpu", Request(causal=True, dtype="bfloat16", return_weights=True, **LONG), "dense"),
+    # TPU: splash for the static patterns; a bias or mask goes to the portable strategies
+    ("tpu", Request(causal=True, dtype="bfloat16", **LONG), "pallas_tpu"),
+    ("tpu", Request(causal=True, window=(256, 0), global_tokens=True, key_value_seq_lengths=True,
+                    dtype="bfloat16", **LONG), "pallas_tpu"),
+    ("tpu", Request(causal=True, window=(256, 0), bias=True, dtype="bfloat16", **LONG), "banded"),
+    ("tpu", Request(causal=True, mask=True, dtype="bfloat16", **LONG), "chunked"),
+    # CPU: dense up to one chunked key block, banded for a window, chunked otherwise
+    ("cpu", Request(causal=True, **SHORT), "dense"),
+    ("cpu", Request(causal=True, window=(256, 0), **LONG), "banded"),
+    ("cpu", Request(causal=True, window=(256, 0), global_tokens=True, **LONG), "chunked"),
+    ("cpu", Request(causal=True, bias=True, **LONG), "chunked"),
+    ("cpu", Request(causal=True, return_weights=True, **LONG), "dense"),
+])
+def test_auto_picks_by_the_table(platform, request_, chosen):
+  assert implementations.choose(request_._replace(platform=platform)).name == chosen
+
+
+def test_auto_never_picks_an_interpreted_kernel():
+  for name in implementations.registered():
+    implementation = implementations.get(name)
+    for platform in implementation.interpreted:
+      request = Request(causal=True, platform=platform, **LONG)
+      assert implementations.choose(request).name != name
+
+
+@pytest.fixture
+def spies(monkeypatch):
+  """Every registered implementation wrapped to record its calls, in a registry copy."""
+  calls = []
+  registry = {}
+  for name, implementation in implementations._REGISTRY.items():
+    def spy(*args, _name=name, _function=implementation.function, **kwargs):
+      calls.append(_name)
+      return _function(*args, **kwargs)
+    registry[name] = dataclasses.replace(implementation, function=spy)
+  monkeypatch.setattr(implementations, "_REGISTRY", registry)
+  return calls
+
+
+def _inputs(seed, length=300, heads=2, d=8, dtype=jnp.float32):
+  rng = np.random.default_rng(seed)
+  return tuple(jnp.asarray(rng.standard_normal((1, length, heads, d)), dtype) for _ in range(3))
+
+
+def test_the_choice_is_made_when_the_call_is_traced(spies, monkeypatch):
+  """On a (mocked) TPU a bias makes auto leave splash, which has none: the bias is kept."""
+  q, k, v = _inputs(0)
+  bias = jnp.asarray(np.random.default_rng(1).standard_normal((300, 300)), jnp.float32)
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  out = jax.jit(lambda q: dot_product_attention(q, k, v, bias=bias, is_causal=True,
+                                                window=16))(q)
+  assert spies == ["banded"]
+  expected = dot_product_attention(q, k, v, bias=bias, is_causal=True, window=16,
+                                   implementation="dense")
+  np.testing.assert_allclose(out, expected, atol=2e-5)
+
+
+def test_auto_is_the_default_everywhere(spies):
+  q, k, v = _inputs(2)
+  dot_product_attention(q, k, v, is_causal=True)
+  assert spies == ["chunked"]                                # kv_len 300 > 256 on a CPU
+  assert MultiHeadAttention(num_heads=2).implementation == "auto"
+
+
+def test_multi_head_attention_sows_when_auto_picks_dense_and_drops_out_with_it(spies):
+  x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 12, 16)), jnp.float32)
+  module = MultiHeadAttention(num_heads=2, dropout_rate=0.5)
+  params = module.init(jax.random.key(0), x)["params"]
+  out, state = module.apply({"params": params}, x, mutable=["intermediates"])
+  assert state["intermediates"]["attention_weights"][0].shape == (2, 2, 12, 12)
+  dropped = module.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.key(1)})
+  assert not np.allclose(dropped, out)
+  assert set(spies) == {"dense"}
+
+
+def _through_xla(monkeypatch):
+  """jax.nn's cuDNN path needs a GPU: run the wrapper's call through jax.nn's XLA path."""
+  nn_attention = jax.nn.dot_product_attention
+  def xla(*args, implementation, **kwargs):
+    assert implementation == "cudnn"
+    return nn_attention(*args, implementation="xla", **kwargs)
+  monkeypatch.setattr(jax.nn, "dot_product_attention", xla)
+
+
+@pytest.mark.parametrize("pattern", [
+    dict(is_causal=True),
+    dict(is_causal=True, window=5, key_value_seq_lengths=[40, 9]),
+    dict(key_value_seq_lengths=[40, 0]),
+    dict(is_causal=True, mask=True),
+], ids=["causal", "window_lengths", "empty_sequence", "mask"])
+def test_the_cudnn_wrapper_translates_our_pattern(pattern, monkeypatch):
+  """Rows that see no key (window past the lengths, an empty sequence) are zeros."""
+  _through_xla(monkeypatch)
+  rng = np.random.default_rng(4)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, 40, 4, 8)), jnp.float32) for _ in range(3))
+  pattern = dict(pattern)
+  if pattern.pop("mask", False):
+    pattern["mask"] = jnp.asarray(rng.random((2, 1, 40, 40)) > 0.9)
+  if "key_value_seq_lengths" in pattern:
+    pattern["key_value_seq_lengths"] = jnp.array(pattern["key_value_seq_lengths"])
+  request = Request.of(q, k, v, **pattern)._replace(dtype="bfloat16", platform="gpu")
+  assert cudnn.refusals(request) == []
+  visibility = Visibility.make(
+      pattern.get("is_causal", False), pattern.get("window"), pattern.get("key_value_seq_lengths"))
+  out = cudnn.cudnn_attention(q, k, v, scale=8 ** -0.5, bias=None, mask=pattern.get("mask"),
+                              visibility=visibility, block_size=None, return_weights=False)
+  expected = dot_product_attention(q, k, v, implementation="dense", **pattern)
+  np.testing.assert_allclose(out, expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("request_,reason", [
+    (Request(dtype="bfloat16", head_dim=12), "head dim 12"),
+    (Request(dtype="bfloat16", head_dim=256), "head dim 256"),
+    (Request(dtype="bfloat16", window=(4, 4)), "a two-sided window (4, 4)"),
+    (Request(dtype="bfloat16", window=(4, 0), causal=True, bias=True, q_len=8, kv_len=8),
+     "a window together with a mask or bias"),
+    (Request(dtype="bfloat16", causal=True, q_len=3, kv_len=8), "q_len 3 != kv_len 8"),
+    (Request(dtype="bfloat16", bias=True, q_len=7, kv_len=8), "a bias with odd lengths"),
+])
+def test_cudnn_refuses_what_it_cannot_do_in_words(request_, reason):
+  (refusal,) = cudnn.refusals(request_)
+  assert reason in refusal
+  with pytest.raises(ValueError, match="implementation='cudnn' cannot do this: .*" + reason[:8]):
+    implementations.check("cudnn", request_._replace(platform="gpu"))
