@@ -1,13 +1,16 @@
-"""Causal self-attention forward + backward: our strategies against jax.nn and torch.
+"""Causal self-attention forward + backward: our implementations against jax.nn and torch.
 
     python3 tasks.py bench attention          # every length (several minutes on 2 cores)
     python benchmarks/attention.py --lengths 2048 --repeats 5
 
+On a GPU it prints the bf16 table of `attention_gpu.py` (our kernels, cuDNN, torch SDPA,
+tokamax); elsewhere the float32 CPU table below.
+
 For q, k, v of shape [B, L, H=8, d=64] and a random output cotangent, times the
 gradient with respect to q, k and v of causal attention computed by
 
-  ours dense / chunked / banded (w=256)   research.attention.dot_product_attention
-  ours chunked w=256                     the chunked strategy with the same window
+  ours auto / dense / chunked / banded (w=256)   research.attention.dot_product_attention
+  ours auto w=256 / chunked w=256               the same with the window
   jax.nn                                 jax.nn.dot_product_attention (XLA)
   torch                                  torch.nn.functional.scaled_dot_product_attention
 
@@ -23,6 +26,7 @@ import os
 import subprocess
 import sys
 
+import attention_gpu
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +41,9 @@ DENSE_LIMIT_BYTES = 6 * 2**30       # skip dense / jax.nn when B·H·L² float32
 def jax_candidates(batch: int, length: int) -> dict:
   dense_bytes = 4 * batch * HEADS * length * length
   attention = {
+      "ours auto": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True),
+      "ours auto w=256": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True,
+                                                               window=WINDOW),
       "ours chunked": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True, implementation="chunked"),
       "ours banded w=256": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True, window=WINDOW,
                                                                  implementation="banded"),
@@ -44,7 +51,8 @@ def jax_candidates(batch: int, length: int) -> dict:
                                                                   implementation="chunked"),
   }
   if dense_bytes <= DENSE_LIMIT_BYTES:
-    attention["ours dense"] = lambda q, k, v: dot_product_attention(q, k, v, is_causal=True)
+    attention["ours dense"] = lambda q, k, v: dot_product_attention(q, k, v, is_causal=True,
+                                                                    implementation="dense")
     attention["jax.nn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
   return attention
 
@@ -105,7 +113,11 @@ def main():
   parser.add_argument("--lengths", default="512,2048,8192,16384")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--pause", type=float, default=0.2, help="seconds idle before each call")
+  parser.add_argument("--inner", type=int, default=10, help="steps per timed call (GPU)")
   args = parser.parse_args()
+  if jax.default_backend() == "gpu":
+    attention_gpu.main(args)
+    return
   import torch  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(os.cpu_count())
   print(f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads); causal "

@@ -67,7 +67,7 @@ def test_sweep_covers_every_model_and_length_and_validates():
     ({"model.attention": "sparse"}, "config.model.attention='sparse' is not allowed; choose "
                                     "one of: 'full', 'local'"),
     ({"model.implementation": "flash"}, "config.model.implementation='flash' is not allowed; "
-                                        "choose one of: 'dense', 'chunked', 'banded'"),
+                                        "choose one of: 'auto', 'dense', 'chunked', 'banded'"),
     ({"model.dtype": "float8"}, "config.model.dtype='float8' is not allowed; choose one of: "
                                 "'float32', 'bfloat16'"),
     ({"data.length": 0}, "config.data.length=0 must be a number > 0"),
