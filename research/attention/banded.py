@@ -12,14 +12,20 @@ for query a and slab key c of the block, so the cost is O(n·W) instead of O(n²
 tiles are computed one after another (`lax.map`) and recomputed in the backward pass
 (`jax.checkpoint`): each tile stays in cache and nothing of size n·W is stored, which
 on a CPU is 2× faster than materialising every tile at once.
+
+Global tokens G (Longformer): every tile also gets the |G| global keys as extra columns,
+visible where the band does not already show them (one softmax over slab and globals),
+and the |G| global queries, which see every key, are computed densely and written over
+their rows: O(n·(W + |G|)) in all.
 """
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from research.attention.dense import group_broadcast, masked_softmax
+from research.attention.dense import dense_attention, group_broadcast, masked_softmax
 from research.attention.masks import Visibility
 
 Array = jax.Array
@@ -44,16 +50,20 @@ def _slab_padded(x: Array, num_blocks: int, block: int, n_left: int, n_right: in
   return jnp.pad(x, [(0, 0), (n_left * block, total - n_left * block - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
 
+def _rows(x: Array, num_blocks: int, block: int) -> Array:
+  """A [b|1, H|1, q|1, k|1] mask or bias -> [b|1, H|1, nb|1, bq|1, k|1] by query block."""
+  if x.shape[-2] == 1:
+    return x[:, :, None]
+  x = jnp.pad(x, [(0, 0)] * 2 + [(0, num_blocks * block - x.shape[-2]), (0, 0)])
+  return x.reshape(x.shape[:2] + (num_blocks, block, x.shape[-1]))
+
+
 def _band(x: Array | None, num_blocks: int, block: int, n_left: int, n_right: int) -> Array | None:
   """A [b|1, H|1, q|1, k|1] mask or bias -> [b|1, H|1, nb|1, bq|1, W|1] on the band."""
   if x is None:
     return None
   per_query, per_key = x.shape[-2] != 1, x.shape[-1] != 1
-  if per_query:  # [.., q, k] -> [.., nb, bq, k]
-    x = jnp.pad(x, [(0, 0)] * 2 + [(0, num_blocks * block - x.shape[-2]), (0, 0)])
-    x = x.reshape(x.shape[:2] + (num_blocks, block, x.shape[-1]))
-  else:
-    x = x[:, :, None]
+  x = _rows(x, num_blocks, block)
   if not per_key:
     return x
   if not per_query:  # the same row for every query: slab the keys alone
@@ -70,8 +80,10 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
   Args:
     q: [batch, q_len, H, d]; k, v: [batch, kv_len, H_kv, d] (H_kv divides H).
     scale: multiplies q kᵀ.
-    bias, mask: [batch|1, H|1, q_len|1, kv_len|1] or None; only their band is read.
-    visibility: must have a finite left and right reach (a window, or causal + window).
+    bias, mask: [batch|1, H|1, q_len|1, kv_len|1] or None; only their band (and the
+      global tokens' rows and columns) is read.
+    visibility: must have a finite left and right reach (a window, or causal + window);
+      may have global tokens.
     block: query block size bq.
 
   Returns:
@@ -94,6 +106,8 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
   k_padded, v_padded = pad_keys(k), pad_keys(v)           # key t sits at t + n_left·bq
   band_mask = group_broadcast(_band(mask, num_blocks, block, n_left, n_right), num_kv_heads)
   band_bias = group_broadcast(_band(bias, num_blocks, block, n_left, n_right), num_kv_heads)
+  band = visibility._replace(global_tokens=())
+  global_keys = _GlobalKeys.make(visibility, k, v, bias, mask, num_blocks, block)
 
   @jax.checkpoint  # the backward pass recomputes each tile instead of storing them all
   def query_block(i):
@@ -102,7 +116,7 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
     v_slab = jax.lax.dynamic_slice_in_dim(v_padded, i * block, width, axis=1)
     logits = jnp.einsum("bqhgd,bkhd->bhgqk", qb[:, i], k_slab, preferred_element_type=F32) * scale
     key_start = (i - n_left) * block
-    visible = visibility.dense(block, width, q_start=i * block, k_start=key_start)   # [b|1, bq, W]
+    visible = band.dense(block, width, q_start=i * block, k_start=key_start)         # [b|1, bq, W]
     key_pos = key_start + jnp.arange(width)
     visible &= ((key_pos >= 0) & (key_pos < kv_len))[None, None, :]                  # slab padding
     visible = visible[:, None, None]                                                 # [b|1, 1, 1, bq, W]
@@ -112,10 +126,82 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
       visible = visible & at_block(band_mask)
     if band_bias is not None:
       logits = logits + at_block(band_bias).astype(F32)
+    if global_keys is not None:   # the global keys as |G| more columns: one softmax
+      extra_logits, extra_visible = global_keys.tile(qb[:, i], i, scale, at_block)
+      logits = jnp.concatenate([logits, extra_logits], axis=-1)
+      visible = jnp.concatenate([jnp.broadcast_to(visible, logits.shape[:-1] + (width,)),
+                                 jnp.broadcast_to(extra_visible, extra_logits.shape)], axis=-1)
+      v_slab = jnp.concatenate([v_slab, global_keys.v], axis=1)
     weights = masked_softmax(logits, visible)
     return jnp.einsum("bhgqk,bkhd->bqhgd", weights.astype(v.dtype), v_slab,
                       preferred_element_type=F32)
 
   out = jax.lax.map(query_block, jnp.arange(num_blocks))          # [nb, b, bq, H_kv, G, dv]
-  out = jnp.moveaxis(out, 0, 1).reshape(b, num_blocks * block, h, v.shape[-1])
-  return out[:, :q_len].astype(q.dtype)
+  out = jnp.moveaxis(out, 0, 1).reshape(b, num_blocks * block, h, v.shape[-1])[:, :q_len]
+  return _global_query_rows(out, q, k, v, scale, bias, mask, visibility).astype(q.dtype)
+
+
+class _GlobalKeys(NamedTuple):
+  """The global keys seen as extra columns of every tile."""
+  positions: Array           # [|G|] key positions < kv_len
+  k: Array                   # [b, |G|, H_kv, d]
+  v: Array                   # [b, |G|, H_kv, d_v]
+  mask: Array | None         # [b|1, H_kv|1, G|1, nb|1, bq|1, |G||1]
+  bias: Array | None
+  visibility: Visibility
+
+  @classmethod
+  def make(cls, visibility, k, v, bias, mask, num_blocks, block) -> "_GlobalKeys | None":
+    positions = [p for p in visibility.global_tokens if p < k.shape[1]]
+    if not positions:
+      return None
+    positions = jnp.asarray(positions)
+    def columns(x):
+      if x is None:
+        return None
+      x = x if x.shape[-1] == 1 else jnp.take(x, positions, axis=-1)
+      return group_broadcast(_rows(x, num_blocks, block), k.shape[2])
+    return cls(positions, k[:, positions], v[:, positions], columns(mask), columns(bias),
+               visibility)
+
+  def tile(self, q_block: Array, i, scale: float, at_block) -> tuple[Array, Array]:
+    """Logits [b, H_kv, G, bq, |G|] of query block i [b, bq, H_kv, G, d] against the global
+    keys, and where they are visible: by the pattern, but not already inside the band."""
+    logits = jnp.einsum("bqhgd,bkhd->bhgqk", q_block, self.k, preferred_element_type=F32) * scale
+    if self.bias is not None:
+      logits = logits + at_block(self.bias).astype(F32)
+    queries = i * q_block.shape[1] + jnp.arange(q_block.shape[1])
+    offset = self.positions[None, :] - queries[:, None]                     # [bq, |G|]
+    vis = self.visibility
+    visible = ~((offset >= -vis.left) & (offset <= vis.right))
+    if vis.causal:
+      visible &= offset <= 0
+    visible = visible[None]
+    if vis.kv_lengths is not None:
+      visible = visible & (self.positions[None, None, :] < vis.kv_lengths[:, None, None])
+    visible = visible[:, None, None]
+    if self.mask is not None:
+      visible = visible & at_block(self.mask)
+    return logits, visible
+
+
+def _global_query_rows(out, q, k, v, scale, bias, mask, visibility: Visibility) -> Array:
+  """out [b, q_len, H, d_v] with the rows of global queries, which see every key (within
+  causality and key lengths), computed densely: O(|G|·kv_len)."""
+  rows = [p for p in visibility.global_tokens if p < q.shape[1]]
+  if not rows:
+    return out
+  rows = jnp.asarray(rows)
+  keys = jnp.arange(k.shape[1])
+  visible = jnp.ones((rows.shape[0], k.shape[1]), bool)
+  if visibility.causal:
+    visible &= keys[None, :] <= rows[:, None]
+  visible = visible[None]
+  if visibility.kv_lengths is not None:
+    visible = visible & (keys[None, None, :] < visibility.kv_lengths[:, None, None])
+  visible = visible[:, None]
+  pick = lambda x: x if x is None or x.shape[-2] == 1 else jnp.take(x, rows, axis=-2)
+  if mask is not None:
+    visible = visible & pick(mask)
+  rows_out, _ = dense_attention(q[:, rows], k, v, scale=scale, bias=pick(bias), visible=visible)
+  return out.at[:, rows].set(rows_out.astype(out.dtype))

@@ -8,7 +8,7 @@ implementations that can. Registered, in this order (the last three by `research
   name        mask  bias  window    global  lengths  H_kv<H  dtypes        platforms  weights
   dense       yes   yes   optional  yes     yes      yes     f32 bf16 f16  all        yes
   chunked     yes   yes   optional  yes     yes      yes     f32 bf16 f16  all        no
-  banded      yes   yes   required  no      yes      yes     f32 bf16 f16  all        no
+  banded      yes   yes   required  yes     yes      yes     f32 bf16 f16  all        no
   cudnn       yes   yes   optional  no      yes      yes     bf16 f16      gpu        no
   pallas_gpu  yes   yes   optional  yes     yes      yes     f32 bf16 f16  gpu cpu*   no
   pallas_tpu  no    no    optional  yes     yes      yes     f32 bf16      tpu cpu*   no
@@ -280,4 +280,4 @@ _EXACT = dict(mask=True, bias=True, key_value_seq_lengths=True, gqa=True, dtypes
 register(Implementation("dense", _dense, window="optional", global_tokens=True,
                         returns_weights=True, **_EXACT))
 register(Implementation("chunked", _chunked, window="optional", global_tokens=True, **_EXACT))
-register(Implementation("banded", _banded, window="required", **_EXACT))
+register(Implementation("banded", _banded, window="required", global_tokens=True, **_EXACT))

@@ -47,7 +47,7 @@ SHORT = dict(q_len=128, kv_len=128)
     # CPU: dense up to one chunked key block, banded for a window, chunked otherwise
     ("cpu", Request(causal=True, **SHORT), "dense"),
     ("cpu", Request(causal=True, window=(256, 0), **LONG), "banded"),
-    ("cpu", Request(causal=True, window=(256, 0), global_tokens=True, **LONG), "chunked"),
+    ("cpu", Request(causal=True, window=(256, 0), global_tokens=True, **LONG), "banded"),
     ("cpu", Request(causal=True, bias=True, **LONG), "chunked"),
     ("cpu", Request(causal=True, return_weights=True, **LONG), "dense"),
 ])

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.attention import dot_product_attention
+from research.attention import dot_product_attention, implementations
 from research.attention.masks import Visibility
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -39,25 +39,36 @@ def _inputs(seed, b, length, heads, kv_heads, d):
                for h in (heads, kv_heads, kv_heads))
 
 
-@pytest.mark.parametrize("implementation", ["dense", "chunked", "auto"])
+@pytest.mark.parametrize("implementation", ["dense", "chunked", "banded", "auto"])
 @pytest.mark.parametrize("pattern", [
     dict(is_causal=True, window=3, global_tokens=[0, 17]),
     dict(window=(2, 4), global_tokens=[5, 6, 30], lengths=[33, 21]),
     dict(is_causal=True, global_tokens=[1]),
-], ids=["causal_window", "two_sided_lengths", "causal_only"])
+    dict(window=3, global_tokens=[2, 20], mask=True, bias=True),
+], ids=["causal_window", "two_sided_lengths", "causal_only", "mask_bias"])
 def test_matches_jax_nn_with_the_longformer_mask(implementation, pattern):
   b, length, heads, kv_heads, d = 2, 33, 4, 2, 8
   q, k, v = _inputs(0, b, length, heads, kv_heads, d)
+  pattern = dict(pattern)
   lengths = pattern.pop("lengths", None)
+  rng = np.random.default_rng(1)
+  user_mask = rng.random((b, 1, length, length)) > 0.2 if pattern.pop("mask", False) else None
+  bias = (jnp.asarray(rng.standard_normal((1, heads, length, length)), jnp.float32)
+          if pattern.pop("bias", False) else None)
+  if implementation == "banded" and "window" not in pattern:
+    pytest.skip("banded needs a window")
   mask = reference_mask(length, length, lengths=lengths, **pattern)
   extra = {} if lengths is None else dict(key_value_seq_lengths=jnp.array(lengths))
+  if user_mask is not None:
+    mask = mask & user_mask
+    extra["mask"] = jnp.asarray(user_mask)
 
   def ours(q, k, v):
-    return dot_product_attention(q, k, v, implementation=implementation, block_size=8,
-                                 **pattern, **extra)
+    return dot_product_attention(q, k, v, bias=bias, implementation=implementation,
+                                 block_size=8, **pattern, **extra)
 
   def theirs(q, k, v):
-    return jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask))
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=jnp.asarray(mask))
 
   seen = np.moveaxis(mask.any(-1), 1, 2)[..., None]                   # [b, q, 1, 1]
   np.testing.assert_allclose(np.where(seen, ours(q, k, v), 0), np.where(seen, theirs(q, k, v), 0),
@@ -102,11 +113,12 @@ def test_traced_global_tokens_are_refused_before_tracing_the_kernel():
     attend(jnp.array([0, 1]))
 
 
-def test_banded_refuses_global_tokens_and_names_those_that_can():
-  q, k, v = _inputs(4, 1, 20, 2, 2, 8)
+def test_an_implementation_without_global_tokens_names_those_with_them():
+  request = implementations.Request(causal=True, window=(8, 0), global_tokens=True,
+                                    dtype="bfloat16", platform="gpu", q_len=64, kv_len=64)
   with pytest.raises(ValueError, match=r"cannot do this: global tokens; implementations that "
-                                       r"can: 'dense', 'chunked'$"):
-    dot_product_attention(q, k, v, window=2, global_tokens=[0], implementation="banded")
+                                       r"can: 'dense', 'chunked', 'banded', 'pallas_gpu'$"):
+    implementations.check("cudnn", request)
 
 
 @pytest.mark.parametrize("pattern", [
