@@ -5,18 +5,22 @@ k / v [batch, kv_len, H_kv, d], H_kv dividing H; mask and bias broadcastable to
 [batch, H, q_len, kv_len]; `local_window_size=(l, r)` is our `window=(l, r)`), and a
 query with no visible key returns zeros instead of an average of all values.
 
-`implementation=` names an entry of the registry (`implementations.py`, which holds the
-full capability table); a request the implementation cannot do fails before tracing,
-naming what is missing and the implementations that can:
+`implementation=` is "auto" (the default: the fastest exact implementation that can do
+the call on the current backend, chosen when it is traced) or names an entry of the
+registry (`implementations.py` holds the capability table and what "auto" picks where); a
+request the implementation cannot do fails before tracing, naming what is missing and
+the implementations that can:
 
-  implementation  window    weights  what it is
-  "dense"         optional  yes      materialises the weights [batch, H, q_len, kv_len]
-  "chunked"       optional  no       exact in O(n) memory; skips key blocks a causal /
-                                     windowed query block cannot see
-  "banded"        required  no       sliding window in O(n·w), without a dense mask
+  implementation  what it is
+  "dense"         materialises the weights [batch, H, q_len, kv_len] (return_weights=True)
+  "chunked"       exact in O(n) memory; skips key blocks a causal / windowed query block
+                  cannot see
+  "banded"        sliding window (required) in O(n·(w + |G|)), without a dense mask
+  "cudnn"         NVIDIA's fused kernel through jax.nn (research/kernels/cudnn.py)
+  "pallas_gpu"    our Pallas flash kernel, Triton (research/kernels/pallas_gpu.py)
+  "pallas_tpu"    Pallas TPU splash attention (research/kernels/pallas_tpu.py)
 
-All three take a mask, a bias, key lengths and grouped heads, in float32, bfloat16 and
-float16, on every backend. "weights": `return_weights=True` returns them.
+Named on a CPU, the Pallas kernels run in Pallas interpret mode (for tests).
 """
 
 import math
@@ -91,8 +95,8 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     global_tokens: static positions (ints) of Longformer's global tokens: each sees every
       key and is seen by every query, within causality and key lengths (see
       `masks.Visibility`); usually with a window.
-    implementation: a registered name (`implementations.names()`): "dense", "chunked",
-      "banded", or one registered by the user.
+    implementation: "auto" or a registered name (`implementations.names()`): "dense",
+      "chunked", "banded", "cudnn", "pallas_gpu", "pallas_tpu", or one of the user's.
     return_weights: also return the weights [batch, H, q_len, kv_len] (dense only).
     scale: logit scale, default 1/√d.
     key_value_seq_lengths: [batch] ints; keys at t ≥ length are padding.
