@@ -9,4 +9,4 @@
 pure strategies and the score / pattern modules know nothing about platforms.
 """
 
-from research.kernels import cudnn, pallas_tpu  # noqa: F401
+from research.kernels import cudnn, pallas_gpu, pallas_tpu  # noqa: F401
