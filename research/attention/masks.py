@@ -10,6 +10,8 @@ as in `jax.nn.dot_product_attention`. A window (left, right) lets query i see ke
 i − left … i + right; causal sets right = 0.
 """
 
+import functools
+import operator
 from typing import NamedTuple
 
 import jax
@@ -97,22 +99,34 @@ class Visibility(NamedTuple):
     """True when nothing is masked: no causal, no window, no key lengths."""
     return self.left is None and self.right is None and self.kv_lengths is None
 
+  def pattern_visible(self, offset, global_queries=None, global_keys=None):
+    """The static rule at key − query offsets (any array shape): the window, widened by
+    global tokens within causality; key lengths are not in it. `global_queries` /
+    `global_keys`: bool flags of the positions broadcastable to `offset` (needed when
+    there are global tokens). None when the rule masks nothing. The kernels call it on
+    the positions of a tile."""
+    conditions = []
+    if self.left is not None:
+      conditions.append(offset >= -self.left)
+    if self.right is not None:
+      conditions.append(offset <= self.right)
+    if not conditions:
+      return None
+    visible = functools.reduce(operator.and_, conditions)
+    if self.global_tokens:
+      visible = visible | global_queries | global_keys
+      if self.causal:
+        visible = visible & (offset <= 0)
+    return visible
+
   def dense(self, q_len: int, kv_len: int, q_start=0, k_start=0) -> Array:
     """[batch or 1, q_len, kv_len] mask for queries q_start… and keys k_start…."""
     queries, keys = q_start + jnp.arange(q_len), k_start + jnp.arange(kv_len)
-    offset = keys[None, :] - queries[:, None]
-    visible = jnp.ones((q_len, kv_len), bool)
-    if self.left is not None:
-      visible &= offset >= -self.left
-    if self.right is not None:
-      visible &= offset <= self.right
-    if self.global_tokens:
-      positions = jnp.asarray(self.global_tokens)
-      is_global = lambda x: (x[:, None] == positions[None, :]).any(-1)
-      visible |= is_global(queries)[:, None] | is_global(keys)[None, :]
-      if self.causal:
-        visible &= offset <= 0
-    visible = visible[None]
+    positions = jnp.asarray(self.global_tokens, jnp.int32)
+    is_global = lambda x: (x[..., None] == positions).any(-1)
+    visible = self.pattern_visible(keys[None, :] - queries[:, None],
+                                   is_global(queries)[:, None], is_global(keys)[None, :])
+    visible = jnp.ones((1, q_len, kv_len), bool) if visible is None else visible[None]
     if self.kv_lengths is not None:
       visible = visible & (keys[None, None, :] < self.kv_lengths[:, None, None])
     return visible

@@ -87,10 +87,7 @@ class Tiles(NamedTuple):
 class Config(NamedTuple):
   """Everything static about one call: the kernels branch on it at trace time."""
   scale: float
-  left: int | None                  # the window's reach, None = unbounded
-  right: int | None
-  causal: bool
-  global_tokens: tuple[int, ...]
+  pattern: Visibility               # causal, window, global tokens (no key lengths)
   q_len: int                        # unpadded lengths
   kv_len: int
   forward: Tiles
@@ -166,20 +163,14 @@ def _visible(refs, config: Config, q_start, k_start, block_q: int, block_k: int,
   keys = (k_start + jnp.arange(block_k))[None, :]
   conditions = []
   if partial:
-    offset = keys - queries
-    window = []
-    if config.left is not None:
-      window.append(offset >= -config.left)
-    if config.right is not None:
-      window.append(offset <= config.right)
-    if window and config.global_tokens:
+    flags = {}
+    if config.pattern.global_tokens:
       is_global = refs["is_global"]
-      window = [functools.reduce(jnp.logical_and, window)
-                | is_global[pl.ds(q_start, block_q)][:, None]
-                | is_global[pl.ds(k_start, block_k)][None, :]]
-      if config.causal:
-        window.append(offset <= 0)
-    conditions += window
+      flags = dict(global_queries=is_global[pl.ds(q_start, block_q)][:, None],
+                   global_keys=is_global[pl.ds(k_start, block_k)][None, :])
+    pattern = config.pattern.pattern_visible(keys - queries, **flags)
+    if pattern is not None:
+      conditions.append(pattern)
     if config.kv_len % block_k:
       conditions.append(keys < config.kv_len)  # padding: ragged tiles are partial
   if "lengths" in refs:
@@ -336,12 +327,11 @@ def _call(kernel, config: Config, tiles: Tiles, grid, inputs: dict, outputs: dic
 def _pattern_inputs(config: Config, tiles: Tiles, padded: tuple[int, int], lengths,
                     transpose: bool) -> dict:
   """The inputs every kernel takes: its visit lists, key lengths, global-token flags."""
-  pattern = Visibility(config.left, config.right, None, config.causal, config.global_tokens)
-  visits, counts = visit_lists(pattern, (config.q_len, config.kv_len), padded,
+  visits, counts = visit_lists(config.pattern, (config.q_len, config.kv_len), padded,
                                (tiles.block_q, tiles.block_k), transpose)
   is_global = None
-  if config.global_tokens:
-    is_global = jnp.asarray(np.isin(np.arange(max(padded)), config.global_tokens))
+  if config.pattern.global_tokens:
+    is_global = jnp.asarray(np.isin(np.arange(max(padded)), config.pattern.global_tokens))
   return dict(visits=(visits, _whole), counts=(counts, _whole), lengths=(lengths, _whole),
               is_global=(is_global, _whole))
 
@@ -479,9 +469,8 @@ def pallas_gpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
   dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
   d_padded, dv_padded = (max(MIN_TILE, _power_of_two(n)) for n in (head_dim, d_v))
   forward, backward = _tiles(block_size, d_padded, dtype.itemsize, q_len, kv_len)
-  config = Config(float(scale), visibility.left, visibility.right, visibility.causal,
-                  tuple(visibility.global_tokens), q_len, kv_len, forward, backward,
-                  bool(interpret))
+  config = Config(float(scale), visibility._replace(kv_lengths=None), q_len, kv_len, forward,
+                  backward, bool(interpret))
   round_up = lambda n, blocks: -(-n // max(blocks)) * max(blocks)  # to every tile (powers of 2)
   lq = round_up(q_len, (forward.block_q, backward.block_q))
   lk = round_up(kv_len, (forward.block_k, backward.block_k))

@@ -86,26 +86,20 @@ class PatternMask(splash_attention_mask._ComputableMask):
   or wholly invisible without evaluating it, which keeps that building fast at long L.
   """
 
-  def __init__(self, shape: tuple[int, int], left: int | None, right: int | None,
-               causal: bool, global_runs: tuple[tuple[int, int], ...], kv_len: int):
-    self.pattern = (shape, left, right, causal, global_runs, kv_len)
-    self.left, self.right, self.causal = left, right, causal
-    self.global_runs, self.kv_len = global_runs, kv_len
+  def __init__(self, shape: tuple[int, int], rule: Visibility, kv_len: int):
+    self.rule = rule._replace(kv_lengths=None)
+    self.left, self.right, self.causal = rule.left, rule.right, rule.causal
+    self.global_runs, self.kv_len = _runs(rule.global_tokens), kv_len
+    self.pattern = (shape, self.rule, kv_len)
     super().__init__(shape, self.visible)
 
   def visible(self, q, k):
     """bool, broadcast of q and k (positions): query q sees key k."""
-    offset = k - q
-    conditions = []
-    if self.left is not None:
-      conditions.append(offset >= -self.left)
-    if self.right is not None:
-      conditions.append(offset <= self.right)
-    if conditions and self.global_runs:
-      in_window = functools.reduce(operator.and_, conditions)
-      conditions = [in_window | self._is_global(q) | self._is_global(k)]
-      if self.causal:
-        conditions.append(offset <= 0)
+    flags = {}
+    if self.global_runs:
+      flags = dict(global_queries=self._is_global(q), global_keys=self._is_global(k))
+    conditions = [self.rule.pattern_visible(k - q, **flags)]
+    conditions = [] if conditions[0] is None else conditions
     if self.kv_len < self.shape[1]:
       conditions.append(k < self.kv_len)
     return functools.reduce(operator.and_, conditions)
@@ -155,8 +149,7 @@ def splash_mask(visibility: Visibility, padded: tuple[int, int],
   """The static part of `visibility` on the padded [q_len, kv_len] grid (see module doc)."""
   if visibility.left is None and visibility.right is None and kv_len == padded[1]:
     return splash.FullMask(padded)  # global tokens add nothing to an unbounded window
-  return PatternMask(padded, visibility.left, visibility.right, visibility.causal,
-                     _runs(visibility.global_tokens), kv_len)
+  return PatternMask(padded, visibility, kv_len)
 
 
 @functools.lru_cache(maxsize=32)

@@ -41,13 +41,13 @@ def _inputs(seed, b, length, heads, kv_heads, d):
 
 @pytest.mark.parametrize("implementation", ["dense", "chunked", "banded"])
 @pytest.mark.parametrize("pattern", [
-    dict(is_causal=True, window=3, global_tokens=[0, 17]),
-    dict(window=(2, 4), global_tokens=[5, 6, 30], lengths=[33, 21]),
+    dict(is_causal=True, window=3, global_tokens=[0, 13]),
+    dict(window=(2, 4), global_tokens=[5, 6, 20], lengths=[22, 15]),
     dict(is_causal=True, global_tokens=[1]),
-    dict(window=3, global_tokens=[2, 20], mask=True, bias=True),
+    dict(window=3, global_tokens=[2, 17], mask=True, bias=True),
 ], ids=["causal_window", "two_sided_lengths", "causal_only", "mask_bias"])
 def test_matches_jax_nn_with_the_longformer_mask(implementation, pattern):
-  b, length, heads, kv_heads, d = 2, 33, 4, 2, 8
+  b, length, heads, kv_heads, d = 2, 22, 4, 2, 8
   q, k, v = _inputs(0, b, length, heads, kv_heads, d)
   pattern = dict(pattern)
   lengths = pattern.pop("lengths", None)
@@ -71,12 +71,14 @@ def test_matches_jax_nn_with_the_longformer_mask(implementation, pattern):
     return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=jnp.asarray(mask))
 
   seen = np.moveaxis(mask.any(-1), 1, 2)[..., None]                   # [b, q, 1, 1]
-  np.testing.assert_allclose(np.where(seen, ours(q, k, v), 0), np.where(seen, theirs(q, k, v), 0),
-                             atol=2e-5)
-  np.testing.assert_array_equal(np.where(seen, 0, ours(q, k, v)), 0)
-  if seen.all() and implementation != "dense":   # the strategies with their own backward
+  out = jax.jit(ours)(q, k, v)
+  np.testing.assert_allclose(np.where(seen, out, 0), np.where(seen, theirs(q, k, v), 0), atol=2e-5)
+  np.testing.assert_array_equal(np.where(seen, 0, out), 0)
+  # the gradients of the two strategies with a backward of their own, on the causal case
+  if implementation != "dense" and pattern.get("is_causal") and "window" in pattern:
+    assert seen.all()
     loss = lambda f: lambda q, k, v: (f(q, k, v) * jnp.cos(v.sum() + q)).sum()
-    for ours_grad, theirs_grad in zip(jax.grad(loss(ours), (0, 1, 2))(q, k, v),
+    for ours_grad, theirs_grad in zip(jax.jit(jax.grad(loss(ours), (0, 1, 2)))(q, k, v),
                                       jax.grad(loss(theirs), (0, 1, 2))(q, k, v), strict=True):
       np.testing.assert_allclose(ours_grad, theirs_grad, atol=5e-5)
 

@@ -78,9 +78,9 @@ CASES = {
 }
 
 
-# Every case in float32; two in bfloat16 (the interpreted kernels are slow to compile).
+# Every case in float32; the richest in bfloat16 (the interpreted kernels are slow to compile).
 PARAMS = [(case, jnp.float32) for case in CASES] + [
-    ("odd lengths, GQA", jnp.bfloat16), ("window, global tokens, lengths", jnp.bfloat16)]
+    ("window, global tokens, lengths", jnp.bfloat16)]
 
 
 @pytest.mark.parametrize("case, dtype", PARAMS,
