@@ -1,4 +1,5 @@
-"""Tests marked `gpu` or `tpu` run only where JAX's default backend is that accelerator.
+"""Tests marked `gpu` or `tpu` run only where JAX's default backend is that accelerator;
+tests marked `slow` are started first.
 
 Parity tests state the float32 matrix precision they need with the `highest_precision`
 fixture (`pytestmark = pytest.mark.usefixtures("highest_precision")`): JAX's default on an
@@ -12,6 +13,8 @@ ACCELERATOR_MARKERS = ("gpu", "tpu")
 
 def pytest_collection_modifyitems(config, items):
   del config
+  # Slow tests first: the workers then finish together instead of one waiting out the tail.
+  items.sort(key=lambda item: "slow" not in item.keywords)
   needing = [item for item in items if any(m in item.keywords for m in ACCELERATOR_MARKERS)]
   if not needing:
     return

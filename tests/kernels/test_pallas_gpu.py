@@ -17,7 +17,8 @@ from research.attention.masks import Visibility
 from research.kernels import pallas_gpu
 
 # Compared with jax.nn within 1e-5: full float32 products, not TF32 passes.
-pytestmark = pytest.mark.usefixtures("highest_precision")
+# Interpret mode is slow: marked slow, so the suite starts these first.
+pytestmark = [pytest.mark.usefixtures("highest_precision"), pytest.mark.slow]
 
 
 def _visible(q_len, kv_len, *, causal=False, window=None, global_tokens=(), lengths=None,
