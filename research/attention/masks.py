@@ -122,10 +122,12 @@ class Visibility(NamedTuple):
   def dense(self, q_len: int, kv_len: int, q_start=0, k_start=0) -> Array:
     """[batch or 1, q_len, kv_len] mask for queries q_start… and keys k_start…."""
     queries, keys = q_start + jnp.arange(q_len), k_start + jnp.arange(kv_len)
-    positions = jnp.asarray(self.global_tokens, jnp.int32)
-    is_global = lambda x: (x[..., None] == positions).any(-1)
-    visible = self.pattern_visible(keys[None, :] - queries[:, None],
-                                   is_global(queries)[:, None], is_global(keys)[None, :])
+    flags = {}
+    if self.global_tokens:
+      positions = jnp.asarray(self.global_tokens)
+      is_global = lambda x: (x[..., None] == positions).any(-1)
+      flags = dict(global_queries=is_global(queries)[:, None], global_keys=is_global(keys)[None, :])
+    visible = self.pattern_visible(keys[None, :] - queries[:, None], **flags)
     visible = jnp.ones((1, q_len, kv_len), bool) if visible is None else visible[None]
     if self.kv_lengths is not None:
       visible = visible & (keys[None, None, :] < self.kv_lengths[:, None, None])
