@@ -1,6 +1,7 @@
 """Task models composed from research.attention and research.recurrent."""
 
 from research.models.decoding import beam_search, gnmt_length_penalty, greedy_decode
+from research.models.encoder_classifier import EncoderClassifier
 from research.models.seq2seq import (
                                      ATTENTIONS,
                                      STYLES,
@@ -12,5 +13,6 @@ from research.models.seq2seq import (
 )
 from research.models.sequence_model import KINDS, SequenceModel
 
-__all__ = ["ATTENTIONS", "KINDS", "STYLES", "Decoder", "DecoderState", "Encoder", "Memory",
+__all__ = ["ATTENTIONS", "KINDS", "STYLES", "Decoder", "DecoderState", "Encoder",
+           "EncoderClassifier", "Memory",
            "Seq2Seq", "SequenceModel", "beam_search", "gnmt_length_penalty", "greedy_decode"]
