@@ -128,6 +128,7 @@ def test_a_failed_write_stops_at_once_with_one_message_and_keeps_the_last_checkp
       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       preexec_fn=lambda: signal.signal(signal.SIGXFSZ, signal.SIG_IGN))  # EFBIG, not a kill
   tiny.wait_for_step(workdir, 200, process)
+  tiny.wait_for_checkpoint(workdir, 100, process)   # under load, an async save can lag behind
   _limit_file_size_to_zero_after(process)
   _, stderr = process.communicate(timeout=300)
   assert process.returncode == 1, stderr[-2000:]

@@ -62,13 +62,24 @@ def records(workdir: str, name: str | None = None) -> list:
   return rows if name is None else [(r["step"], r[name]) for r in rows if name in r]
 
 
-def wait_for_step(workdir: str, step: int, process: subprocess.Popen, timeout: float = 300):
-  """Blocks until metrics.jsonl has a train/loss record at `step` or later; the run must
-  still be going on."""
+def _wait(done, what: str, process: subprocess.Popen, timeout: float):
+  """Blocks until done() is true; the run must still be going on."""
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     assert process.poll() is None, process.communicate()[1][-2000:]
-    if any(s >= step for s, _ in records(workdir, "train/loss")):
+    if done():
       return
     time.sleep(0.01)
-  raise TimeoutError(f"no step {step} within {timeout} s")
+  raise TimeoutError(f"no {what} within {timeout} s")
+
+
+def wait_for_step(workdir: str, step: int, process: subprocess.Popen, timeout: float = 300):
+  """Blocks until metrics.jsonl has a train/loss record at `step` or later."""
+  _wait(lambda: any(s >= step for s, _ in records(workdir, "train/loss")), f"step {step}",
+        process, timeout)
+
+
+def wait_for_checkpoint(workdir: str, step: int, process: subprocess.Popen, timeout: float = 300):
+  """Blocks until the checkpoint of `step` is complete (Orbax renamed its directory)."""
+  _wait(lambda: os.path.isdir(os.path.join(workdir, "checkpoints", str(step))),
+        f"complete checkpoint of step {step}", process, timeout)
