@@ -173,7 +173,7 @@ class _GlobalKeys(NamedTuple):
     queries = i * q_block.shape[1] + jnp.arange(q_block.shape[1])
     offset = self.positions[None, :] - queries[:, None]                     # [bq, |G|]
     vis = self.visibility
-    visible = ~((offset >= -vis.left) & (offset <= vis.right))
+    visible = ~vis._replace(global_tokens=()).pattern_visible(offset)    # not in the band
     if vis.causal:
       visible &= offset <= 0
     visible = visible[None]
