@@ -46,32 +46,66 @@ class GeneratedStream:
 
 
 class ShuffledStream:
-  """Endless epochs over a finite dataset, reshuffled every epoch.
+  """Endless epochs over a finite dataset, reshuffled every epoch, optionally bucketed by length.
 
-  arrays: equal-length arrays [N, ...]. Epoch e visits the examples in the order
-  np.random.default_rng([seed, e]).permutation(N), in N // batch_size whole batches
-  (the remainder of each permutation is left out of that epoch only).
+  arrays: equal-length arrays [N, ...]. Epoch e draws from np.random.default_rng([seed, e]):
+
+    no buckets   the examples in the order permutation(N), in N // batch_size whole batches
+                 (the remainder of each permutation is left out of that epoch only)
+    buckets      lengths [N] and ascending `boundaries` (the last ≥ max(lengths)): example i
+                 is in the first bucket whose boundary is ≥ lengths[i]; each bucket is
+                 permuted and cut into whole batches, and the epoch visits all of them in
+                 a shuffled order. The arrays named in `trim` are cut along axis 1 to
+                 their bucket's boundary, so short examples make short batches (one
+                 compiled step per bucket instead of padding everything to the longest).
   """
 
-  def __init__(self, arrays: Batch, batch_size: int, seed: int):
+  def __init__(self, arrays: Batch, batch_size: int, seed: int, lengths: np.ndarray | None = None,
+               boundaries: tuple[int, ...] = (), trim: tuple[str, ...] = ()):
     sizes = {len(a) for a in arrays.values()}
     if len(sizes) != 1:
       raise ValueError(f"arrays must have equal lengths, got {sizes}")
     (size,) = sizes
     if batch_size > size:
       raise ValueError(f"batch_size {batch_size} exceeds the dataset's {size} examples")
+    if lengths is None:
+      self.buckets = [np.arange(size)]
+      boundaries = (None,)
+    else:
+      if not boundaries or max(lengths) > boundaries[-1]:
+        raise ValueError(f"boundaries {boundaries} must end at or above the longest example "
+                         f"({max(lengths)})")
+      index = np.searchsorted(np.asarray(boundaries), lengths)       # first boundary ≥ length
+      self.buckets = [np.flatnonzero(index == b) for b in range(len(boundaries))]
     self.arrays, self.batch_size, self.seed, self.step = arrays, batch_size, seed, 0
-    self.size, self.batches_per_epoch = size, size // batch_size
+    self.boundaries, self.trim, self._epoch = boundaries, trim, (None, [])
+    self.batches_per_epoch = sum(len(rows) // batch_size for rows in self.buckets)
+    if not self.batches_per_epoch:
+      raise ValueError(f"no bucket holds batch_size={batch_size} examples")
 
   def __iter__(self) -> Iterator[Batch]:
     return self
 
+  def _batches(self, epoch: int) -> list[tuple[np.ndarray, int | None]]:
+    """Epoch `epoch`'s batches: (rows, the boundary to trim to), in the order they come."""
+    if self._epoch[0] != epoch:
+      rng = np.random.default_rng([self.seed, epoch])
+      batches = []
+      for rows, boundary in zip(self.buckets, self.boundaries, strict=True):
+        rows = rows[rng.permutation(len(rows))]
+        whole = len(rows) // self.batch_size
+        batches += [(part, boundary) for part in np.split(rows[:whole * self.batch_size], whole)
+                    ] if whole else []
+      order = rng.permutation(len(batches)) if len(self.buckets) > 1 else range(len(batches))
+      self._epoch = (epoch, [batches[i] for i in order])
+    return self._epoch[1]
+
   def __next__(self) -> Batch:
     epoch, index = divmod(self.step, self.batches_per_epoch)
-    order = np.random.default_rng([self.seed, epoch]).permutation(self.size)
-    rows = order[index * self.batch_size:(index + 1) * self.batch_size]
+    rows, boundary = self._batches(epoch)[index]
     self.step += 1
-    return {name: a[rows] for name, a in self.arrays.items()}
+    return {name: a[rows, :boundary] if name in self.trim else a[rows]
+            for name, a in self.arrays.items()}
 
   def get_state(self) -> dict:
     return {"step": self.step}
@@ -80,17 +114,25 @@ class ShuffledStream:
     self.step = int(state["step"])
 
 
-def eval_batches(arrays: Batch, batch_size: int) -> list[Batch]:
-  """Every example once, in order, in batches of exactly batch_size.
+def eval_batches(arrays: Batch, batch_size: int, lengths: np.ndarray | None = None,
+                 boundaries: tuple[int, ...] = (), trim: tuple[str, ...] = ()) -> list[Batch]:
+  """Every example once, in batches of exactly batch_size.
 
-  The last batch is padded by repeating example 0; each batch carries a float32
-  `weight` [batch_size] that is 1 for real examples and 0 for padding.
+  The last batch is padded by repeating an example; each batch carries a float32
+  `weight` [batch_size] that is 1 for real examples and 0 for padding. With lengths [N]
+  and boundaries (as in ShuffledStream) the examples come shortest first and the arrays
+  named in `trim` are cut along axis 1 to the smallest boundary ≥ their batch's longest.
   """
   size = len(next(iter(arrays.values())))
+  order = np.arange(size) if lengths is None else np.argsort(lengths, kind="stable")
   batches = []
   for start in range(0, size, batch_size):
     rows = np.arange(start, start + batch_size)
     weight = (rows < size).astype(np.float32)
-    rows = np.where(rows < size, rows, 0)
-    batches.append({**{name: a[rows] for name, a in arrays.items()}, "weight": weight})
+    rows = order[np.where(rows < size, rows, start)]
+    boundary = None
+    if lengths is not None:
+      boundary = boundaries[np.searchsorted(np.asarray(boundaries), lengths[rows].max())]
+    batches.append({**{name: a[rows, :boundary] if name in trim else a[rows]
+                       for name, a in arrays.items()}, "weight": weight})
   return batches

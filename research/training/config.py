@@ -14,8 +14,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict()
   config.train.num_steps = 1000
   config.train.batch_size = 64        # global, over all devices and hosts
-  config.train.learning_rate = 1e-3   # Adam(W), linear warm-up then cosine decay
+  config.train.learning_rate = 1e-3   # AdamW's peak rate: linear warm-up, then the schedule
   config.train.warmup_steps = 0
+  config.train.schedule = "cosine"    # after warm-up: "cosine" to 0, or "rsqrt" (Vaswani, LRA)
+  config.train.adam_b2 = 0.999
   config.train.weight_decay = 0.0
   config.train.grad_clip_norm = 1.0   # 0 disables clipping
   config.train.parallelism = "jit"    # "jit" (mesh + shardings) or "pmap"

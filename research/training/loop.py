@@ -22,6 +22,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -121,14 +122,14 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
     return step_fn(state, batch)
 
   batch = strategy.put_batch(next(task.train_data))
-  compile_start = time.perf_counter()
-  train_step = strategy.compile_step(traced_step, state, batch)
-  compile_seconds = time.perf_counter() - compile_start
-  eval_step = strategy.compile_eval(make_eval_step(task, strategy.axis_name), state.params,
-                                    strategy.put_batch(task.eval_data[0]))
+  train_step = _CompiledPerShape(lambda b: strategy.compile_step(traced_step, state, b))
+  train_step.compile(batch)
+  eval_step = _CompiledPerShape(lambda b: strategy.compile_eval(
+      make_eval_step(task, strategy.axis_name), state.params, b))
 
   def evaluate(state) -> dict:
-    sums = [eval_step(state.params, strategy.put_batch(b)) for b in task.eval_data]
+    batches = [strategy.put_batch(b) for b in task.eval_data]
+    sums = [eval_step.compile(b)(state.params, b) for b in batches]
     sums = jax.device_get([strategy.host_metrics(s) for s in sums])
     return {f"eval/{name}": float(sum(s[name][0] for s in sums) / sum(s[name][1] for s in sums))
             for name in sums[0]}
@@ -140,7 +141,7 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
       for step in range(start + 1, train.num_steps + 1):
         if step > start + 1:
           batch = strategy.put_batch(next(task.train_data))
-        state, metrics = train_step(state, batch)
+        state, metrics = train_step.compile(batch)(state, batch)
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
         if is_log or stop.signum:
@@ -176,12 +177,47 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
     report = task.report(jax.device_get(strategy.host_state(state).params))
     final |= report.metrics
     _write_report(report, workdir)
-  final |= {"perf/compile_seconds": compile_seconds, "perf/train_step_traces": len(traces),
-            "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")])}
+  final |= {"perf/compile_seconds": sum(train_step.seconds), "perf/train_step_traces": len(traces),
+            "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")]),
+            "perf/step_memory_mib": train_step.memory_mib(), **_peak_memory_mib()}
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
       json.dump(final, f, indent=2)
   return final
+
+
+class _CompiledPerShape:
+  """A step compiled once per distinct batch shape (one per length bucket, say)."""
+
+  def __init__(self, compile_for: Callable):
+    self.compile_for, self.compiled, self.seconds = compile_for, {}, []
+
+  def compile(self, batch) -> Callable:
+    """The executable for batch's shapes, compiling it on first sight."""
+    key = tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch))
+    if key not in self.compiled:
+      start = time.perf_counter()
+      self.compiled[key] = self.compile_for(batch)
+      self.seconds.append(time.perf_counter() - start)
+    return self.compiled[key]
+
+  def memory_mib(self) -> float:
+    """XLA's estimate of the largest compiled step's memory on one device: arguments,
+    outputs and temporaries, less the donated buffers the outputs reuse."""
+    sizes = []
+    for compiled in self.compiled.values():
+      m = compiled.memory_analysis()
+      sizes.append(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                   - m.alias_size_in_bytes)
+    return max(sizes) / 2**20
+
+
+def _peak_memory_mib() -> dict:
+  """{"perf/peak_memory_mib": the most memory in use on a local device so far} where the
+  backend counts it (GPU, TPU); {} on a CPU."""
+  stats = [d.memory_stats() or {} for d in jax.local_devices()]
+  peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
+  return {"perf/peak_memory_mib": max(peaks) / 2**20} if peaks else {}
 
 
 def _check_finite(window: list[dict], first_step: int, last_checkpoint: int | None) -> list[dict]:

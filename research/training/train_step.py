@@ -20,15 +20,29 @@ class TrainState:
   opt_state: Any
 
 
+SCHEDULES = ("cosine", "rsqrt")   # config.train.schedule
+
+
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warm-up from 0 over `warmup_steps`, then cosine decay to 0 at `num_steps`."""
+  """Linear warm-up from 0 to `learning_rate` over `warmup_steps`, then
+
+    cosine   cosine decay to 0 at `num_steps`
+    rsqrt    learning_rate · sqrt(warmup_steps / step) (Vaswani et al.; LRA's
+             "linear_warmup * rsqrt_decay" with peak constant / sqrt(warmup_steps))
+  """
+  if train.schedule == "rsqrt":
+    warmup = max(train.warmup_steps, 1)
+    return lambda step: train.learning_rate * jnp.minimum(step / warmup,
+                                                          jnp.sqrt(warmup / jnp.maximum(step, 1)))
   return optax.warmup_cosine_decay_schedule(
       0.0, train.learning_rate, train.warmup_steps, max(train.num_steps, train.warmup_steps + 1))
 
 
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """AdamW on the schedule, after clipping the global gradient norm (if grad_clip_norm > 0)."""
-  adamw = optax.adamw(learning_rate_schedule(train), weight_decay=train.weight_decay)
+  """AdamW (β₂ = adam_b2) on the schedule, after clipping the global gradient norm (if
+  grad_clip_norm > 0)."""
+  adamw = optax.adamw(learning_rate_schedule(train), b2=train.adam_b2,
+                      weight_decay=train.weight_decay)
   if train.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(train.grad_clip_norm), adamw)
   return adamw

@@ -8,6 +8,7 @@ import ml_collections
 from research.errors import ConfigError
 from research.training import distributed
 from research.training.parallel import STRATEGIES
+from research.training.train_step import SCHEDULES
 
 
 def get(config: ml_collections.ConfigDict, key: str):
@@ -59,6 +60,9 @@ def check_shared(config) -> None:
       raise ConfigError(f"config.{key}={get(config, key)!r} must be an int")
   check_divides(config, "train.log_every", "train.checkpoint_every")
   check_choice(config, "train.parallelism", STRATEGIES)
+  check_choice(config, "train.schedule", SCHEDULES)
+  if not 0 <= config.train.adam_b2 < 1:
+    raise ConfigError(f"config.train.adam_b2={config.train.adam_b2!r} must be in [0, 1)")
   distributed.check(config)
 
 

@@ -48,3 +48,35 @@ def test_eval_batches_cover_every_example_with_weights():
   np.testing.assert_array_equal(weights, [1] * 7 + [0, 0])
   real = np.concatenate([b["x"] for b in batches])[weights > 0]
   np.testing.assert_array_equal(real, np.arange(7))
+
+
+def test_bucketed_stream_trims_each_batch_to_its_bucket_and_resumes():
+  lengths = np.array([1, 2, 3, 3, 5, 6, 7, 8, 8, 2, 9, 10])
+  tokens = (np.arange(10)[None, :] < lengths[:, None]) * (np.arange(12)[:, None] + 1)
+  data = {"tokens": tokens, "lengths": lengths}
+  stream = ShuffledStream(data, batch_size=2, seed=0, lengths=lengths, boundaries=(4, 8, 10),
+                          trim=("tokens",))
+  assert stream.batches_per_epoch == 2 + 2 + 1      # buckets of 5, 5 and 2 examples
+  seen = []
+  for _ in range(stream.batches_per_epoch):
+    batch = next(stream)
+    bound = batch["tokens"].shape[1]
+    assert bound in (4, 8, 10) and batch["lengths"].max() <= bound
+    assert batch["lengths"].min() > {4: 0, 8: 4, 10: 8}[bound]          # one bucket per batch
+    np.testing.assert_array_equal(batch["tokens"], tokens[batch["tokens"][:, 0] - 1, :bound])
+    seen += (batch["tokens"][:, 0] - 1).tolist()
+  assert len(set(seen)) == 10                      # one left out of each 5-example bucket
+  resumed = ShuffledStream(data, 2, 0, lengths, (4, 8, 10), ("tokens",))
+  resumed.set_state({"step": 3})
+  stream.set_state({"step": 3})
+  np.testing.assert_array_equal(next(resumed)["tokens"], next(stream)["tokens"])
+
+
+def test_bucketed_eval_batches_score_every_example_once_in_short_batches():
+  lengths = np.array([9, 1, 5, 2, 7])
+  tokens = np.where(np.arange(10)[None] < lengths[:, None], np.arange(5)[:, None] + 1, 0)
+  batches = eval_batches({"tokens": tokens, "lengths": lengths}, 2, lengths, (4, 10),
+                         trim=("tokens",))
+  assert [b["tokens"].shape[1] for b in batches] == [4, 10, 10]
+  real = np.concatenate([b["tokens"][:, 0][b["weight"] > 0] for b in batches])
+  assert sorted(real.tolist()) == [1, 2, 3, 4, 5]

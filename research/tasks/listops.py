@@ -1,0 +1,224 @@
+"""The listops experiment: Long Range Arena's ListOps with every attention variant.
+
+Data (config.data): LRA's three TSV files (research/data/listops.py), either the user's
+own (`files`: a directory holding train.tsv / val.tsv / test.tsv, or LRA's
+basic_train.tsv / basic_val.tsv / basic_test.tsv) or generated once with LRA's recipe
+into `<dir>/listops/` (the LRA recipe with seed 0) or `<dir>/listops-<recipe>/` (other
+tree lengths, sizes or seeds) and read back from there on every later run. Tokens as
+LRA's pipeline makes them (operator names and digits; `brackets=True` keeps "[MAX" and
+"]"), ids 1… (0 pads), truncated to `max_length`.
+
+Batches are bucketed by length: the training lengths' quantiles, rounded up to a
+multiple of 64 (and `max_length` last), cut the examples into `length_buckets` groups;
+a batch holds one group's examples padded to that group's bound, so short inputs cost a
+short batch (one compiled step per bucket).
+
+Model: `EncoderClassifier(**config.model, <vocabulary size, 10 classes, max_length>)`;
+loss: cross-entropy of the 10-way logits; metrics accuracy (periodic evaluation on
+val, the final report on test: test/accuracy, test/loss, and lra/accuracy: LRA Table 1's
+figure for the same attention where the paper has one).
+"""
+
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from research.attention import AttentionRequest, implementation_names, implementations
+from research.data import listops
+from research.data.stream import ShuffledStream, eval_batches
+from research.errors import ConfigError, InputError
+from research.models.encoder_classifier import (
+  ATTENTIONS,
+  NORMS,
+  POOLINGS,
+  POSITIONS,
+  EncoderClassifier,
+)
+from research.tasks.registry import register
+from research.training.task import Report, Task
+from research.training.validation import (
+  COMPUTE_DTYPES,
+  check_choice,
+  check_divides,
+  check_positive,
+)
+
+SPLITS = ("train", "val", "test")
+BUCKET_MULTIPLE = 64
+# Test accuracy (%) in LRA's Table 1 (Tay et al., ICLR 2021) for our attention variants.
+LRA_TABLE_1 = {"full": 36.37, "local": 15.82, "linformer": 35.70, "longformer": 35.63}
+
+
+def validate(config) -> None:
+  """Raises ConfigError for a bad config.data / config.model value, naming the key."""
+  m, d = config.model, config.data
+  for key, allowed in (("attention", ATTENTIONS), ("positions", POSITIONS), ("norm", NORMS),
+                       ("pooling", POOLINGS), ("implementation", implementation_names()),
+                       ("dtype", COMPUTE_DTYPES)):
+    check_choice(config, f"model.{key}", allowed)
+  check_positive(config, "model.num_layers", "model.hidden_size", "model.num_heads",
+                 "model.mlp_size", "model.window", "model.proj_len", "model.compression",
+                 "data.max_length", "data.length_buckets", "data.train_examples",
+                 "data.eval_examples", "data.test_examples")
+  check_positive(config, "model.dropout_rate", "data.min_tree_length", allow_zero=True)
+  check_divides(config, "model.num_heads", "model.hidden_size")
+  if not d.min_tree_length < d.max_tree_length - 1:
+    raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} and max_tree_length="
+                      f"{d.max_tree_length} leave no length strictly between them")
+  if d.files and not os.path.isdir(d.files):
+    raise ConfigError(f"config.data.files={d.files!r} is not a directory; give one holding "
+                      "train.tsv, val.tsv, test.tsv (or LRA's basic_*.tsv), or '' to generate")
+  if d.files:
+    _split_paths(d.files)
+  if m.attention in ("full", "local", "longformer"):
+    window = None if m.attention == "full" else (m.window, m.window)
+    request = AttentionRequest(window=window, global_tokens=m.attention == "longformer",
+                               key_value_seq_lengths=True, dtype=m.dtype,
+                               platform=jax.default_backend(),
+                               head_dim=m.hidden_size // m.num_heads,
+                               q_len=d.max_length + 1, kv_len=d.max_length + 1)
+    try:
+      implementations.check(m.implementation, request)
+    except ValueError as error:
+      raise ConfigError(f"config.model.{error}") from None
+
+
+def _split_paths(directory: str) -> dict[str, str]:
+  """split -> its file in `directory` (ours: train.tsv, LRA's: basic_train.tsv)."""
+  paths = {}
+  for split in SPLITS:
+    names = (f"{split}.tsv", f"basic_{split}.tsv")
+    found = [os.path.join(directory, n) for n in names if os.path.isfile(os.path.join(directory, n))]
+    if not found:
+      raise ConfigError(f"config.data.files={directory!r} has no {names[0]} (or {names[1]})")
+    paths[split] = found[0]
+  return paths
+
+
+def generated_directory(config) -> str:
+  """Where config.data's generated splits live: <dir>/listops for LRA's own recipe."""
+  d = config.data
+  recipe = ((d.min_tree_length, d.max_tree_length), tuple(
+      (name, size) for name, size in zip(SPLITS, (d.train_examples, d.eval_examples,
+                                                  d.test_examples), strict=True)), d.seed)
+  if recipe == (listops.LRA_LENGTHS, listops.LRA_SPLITS, 0):
+    return os.path.join(d.dir, "listops")
+  return os.path.join(d.dir, f"listops-len{d.min_tree_length}-{d.max_tree_length}-n"
+                      f"{d.train_examples}-{d.eval_examples}-{d.test_examples}-seed{d.seed}")
+
+
+def split_files(config) -> dict[str, str]:
+  """split -> TSV path: the user's files, or the generated ones (written on first use)."""
+  if config.data.files:
+    return _split_paths(config.data.files)
+  directory = generated_directory(config)
+  paths = {split: os.path.join(directory, f"{split}.tsv") for split in SPLITS}
+  if not all(os.path.isfile(p) for p in paths.values()):
+    d = config.data
+    sizes = (d.train_examples, d.eval_examples, d.test_examples)
+    listops.write_splits(directory, d.seed, tuple(zip(SPLITS, sizes, strict=True)),
+                         (d.min_tree_length, d.max_tree_length))
+  return paths
+
+
+class Data(NamedTuple):
+  splits: dict[str, dict[str, np.ndarray]]   # split -> {"tokens" [N, max_length], "lengths", "labels"}
+  vocab_size: int                            # token ids 1 … vocab_size − 1; 0 pads
+  boundaries: tuple[int, ...]                # ascending bucket bounds, the last max_length
+
+
+def encode(path: str, brackets: bool, max_length: int) -> dict[str, np.ndarray]:
+  """A TSV split -> int32 tokens [N, max_length] (0-padded, truncated), lengths, labels."""
+  ids = {token: i + 1 for i, token in enumerate(listops.vocabulary(brackets))}
+  pairs = listops.read_split(path)
+  tokens = np.zeros((len(pairs), max_length), np.int32)
+  lengths = np.zeros(len(pairs), np.int32)
+  for row, (source, _) in enumerate(pairs):
+    words = listops.tokenize(source, brackets)[:max_length]
+    unknown = [w for w in words if w not in ids]
+    if unknown:
+      raise InputError(f"{path}:{row + 2}: token {unknown[0]!r} is not ListOps' (allowed: "
+                       f"{' '.join(ids)})")
+    tokens[row, :len(words)] = [ids[w] for w in words]
+    lengths[row] = len(words)
+  return {"tokens": tokens, "lengths": lengths,
+          "labels": np.array([label for _, label in pairs], np.int32)}
+
+
+def bucket_boundaries(lengths: np.ndarray, count: int, max_length: int) -> tuple[int, ...]:
+  """`count` quantiles of `lengths`, rounded up to a multiple of 64 and capped at
+  max_length (which is always the last), without repeats."""
+  quantiles = np.quantile(lengths, np.arange(1, count) / count) if count > 1 else []
+  rounded = {min(max_length, -(-int(q) // BUCKET_MULTIPLE) * BUCKET_MULTIPLE) for q in quantiles}
+  return tuple(sorted(rounded | {max_length}))
+
+
+def load_data(config) -> Data:
+  d = config.data
+  splits = {split: encode(path, d.brackets, d.max_length)
+            for split, path in split_files(config).items()}
+  boundaries = bucket_boundaries(splits["train"]["lengths"], d.length_buckets, d.max_length)
+  return Data(splits, len(listops.vocabulary(d.brackets)) + 1, boundaries)
+
+
+def make_model(config, data: Data) -> EncoderClassifier:
+  return EncoderClassifier(**config.model, vocab_size=data.vocab_size,
+                           num_classes=listops.NUM_CLASSES, max_length=config.data.max_length)
+
+
+def batches(split: dict[str, np.ndarray], batch_size: int, boundaries) -> list[dict]:
+  """Every example of a split once, bucketed (see eval_batches)."""
+  return eval_batches(split, batch_size, split["lengths"], boundaries, trim=("tokens",))
+
+
+def build(config) -> Task:
+  """Model, data and loss for config (validated); see research/training/task.py."""
+  data = load_data(config)
+  model = make_model(config, data)
+  train = data.splits["train"]
+
+  def init(rng):
+    return model.init(rng, jnp.asarray(train["tokens"][:1]), jnp.asarray(train["lengths"][:1])
+                      )["params"]
+
+  def example_metrics(logits, labels):
+    cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    ones = jnp.ones_like(correct)
+    return {"loss": (cross_entropy, ones), "accuracy": (correct, ones)}
+
+  def loss(params, batch, rng):
+    logits = model.apply({"params": params}, batch["tokens"], batch["lengths"], train=True,
+                         rngs={"dropout": rng})
+    metrics = {name: n.mean() for name, (n, _) in example_metrics(logits, batch["labels"]).items()}
+    return metrics.pop("loss"), metrics
+
+  def evaluate(params, batch):
+    logits = model.apply({"params": params}, batch["tokens"], batch["lengths"])
+    return example_metrics(logits, batch["labels"])
+
+  evaluate_jit = jax.jit(evaluate)
+
+  def report(params) -> Report:
+    sums = {}
+    for batch in batches(data.splits["test"], config.train.batch_size, data.boundaries):
+      weight = batch.pop("weight")
+      for name, (n, d) in jax.device_get(evaluate_jit(params, batch)).items():
+        sums[name] = sums.get(name, np.zeros(2)) + [np.sum(weight * n), np.sum(weight * d)]
+    metrics = {f"test/{name}": float(n / d) for name, (n, d) in sums.items()}
+    if config.model.attention in LRA_TABLE_1:
+      metrics["lra/accuracy"] = LRA_TABLE_1[config.model.attention] / 100
+    return Report(metrics)
+
+  return Task(init=init,
+              train_data=ShuffledStream(train, config.train.batch_size, config.seed,
+                                        train["lengths"], data.boundaries, trim=("tokens",)),
+              eval_data=batches(data.splits["val"], config.train.batch_size, data.boundaries),
+              loss=loss, evaluate=evaluate, report=report)
+
+
+TASK = register("listops", validate=validate, build=build)
