@@ -41,11 +41,11 @@ PRESETS = {
         model=dict(num_layers=6, hidden_size=512, num_heads=8, mlp_size=2048, norm="post",
                    dropout_rate=0.1, window=128, proj_len=256)),
     "cpu": dict(
-        train=dict(num_steps=4000, batch_size=32, learning_rate=1e-3, warmup_steps=400,
-                   weight_decay=0.1, eval_every=1000),
-        data=dict(min_tree_length=100, max_tree_length=500, train_examples=20_000,
-                  eval_examples=1_000, test_examples=2_000, max_length=512),
-        model=dict(num_layers=2, hidden_size=128, num_heads=4, mlp_size=256, norm="pre",
+        train=dict(num_steps=3000, batch_size=32, learning_rate=1e-3, warmup_steps=300,
+                   weight_decay=0.1, eval_every=500),
+        data=dict(min_tree_length=100, max_tree_length=300, train_examples=20_000,
+                  eval_examples=1_000, test_examples=2_000, max_length=256),
+        model=dict(num_layers=2, hidden_size=64, num_heads=2, mlp_size=128, norm="pre",
                    dropout_rate=0.0, window=32, proj_len=64)),
 }
 VARIANTS = {"preset": "lra", "attention": "full"}

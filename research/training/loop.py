@@ -91,7 +91,7 @@ def train(config, workdir: str, task: TaskBuilder) -> dict:
 
 
 def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
-  train = config.train
+  train, started = config.train, time.perf_counter()
 
   # ---- Task, optimizer, initial state --------------------------------------------------
   strategy = parallel.make_strategy(train.parallelism)
@@ -179,7 +179,8 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
     _write_report(report, workdir)
   final |= {"perf/compile_seconds": sum(train_step.seconds), "perf/train_step_traces": len(traces),
             "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")]),
-            "perf/step_memory_mib": train_step.memory_mib(), **_peak_memory_mib()}
+            "perf/step_memory_mib": train_step.memory_mib(), **_peak_memory_mib(),
+            "perf/wall_seconds": time.perf_counter() - started}
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
       json.dump(final, f, indent=2)

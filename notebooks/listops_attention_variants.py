@@ -1,0 +1,142 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Attention variants on Long Range Arena's ListOps
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/REPOSITORY/blob/main/notebooks/listops_attention_variants.ipynb)
+#
+# ListOps (Nangia & Bowman 2018, as the Long Range Arena made it) asks for the value of a
+# nested expression such as `[MAX 2 9 [MIN 4 7 ] 0 ]` written as a long flat token
+# sequence. We train the same transformer encoder classifier with each attention of
+# `research.models.EncoderClassifier` — full, local (sliding window), Longformer (window +
+# a global CLS token), Linformer, memory-compressed — and compare test accuracy, training
+# speed and memory, beside the LRA paper's Table 1. The runs are the `--sweep` of
+# `experiments/listops.py:preset=cpu` (about 13 minutes per variant on a 2-core CPU); a
+# sweep already run into `runs/listops_cpu` is read back instead of retrained. CI runs the
+# quick mode: tiny models and data, so its accuracies mean nothing.
+
+# %%
+# Install the repository: from this checkout when the notebook runs inside it,
+# otherwise (Colab) clone it first. Set REPOSITORY to your clone's URL. The JAX already
+# installed (Colab's, with its GPU or TPU plugin) is kept: pip may not change its version.
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+
+REPOSITORY = os.environ.get("REPOSITORY", "https://github.com/REPOSITORY.git")
+root = os.path.abspath("..") if os.path.exists("../pyproject.toml") else os.path.abspath("research-repo")
+if not os.path.exists(os.path.join(root, "pyproject.toml")):
+  subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
+try:
+  import research  # noqa: F401
+except ImportError:
+  keep = [f"{name}=={importlib.metadata.version(name)}" for name in ("jax", "jaxlib")
+          if importlib.util.find_spec(name)]
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
+sys.path.insert(0, os.path.join(root, "experiments"))
+
+# %%
+import io
+import json
+import os
+import tempfile
+
+import matplotlib.pyplot as plt
+from IPython.display import Image, Markdown, display
+
+import listops as experiment
+from research import tasks
+from research.training import apply_overrides, run_sweep
+
+QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
+SIZE = ({"data.min_tree_length": 8, "data.max_tree_length": 150, "data.train_examples": 256,
+         "data.eval_examples": 32, "data.test_examples": 64, "data.max_length": 128,
+         "data.length_buckets": 1, "model.num_layers": 1, "model.hidden_size": 16, "model.mlp_size": 32,
+         "model.window": 4, "model.proj_len": 8, "train.batch_size": 16, "train.num_steps": 20,
+         "train.warmup_steps": 5, "train.log_every": 10, "train.eval_every": 20,
+         "train.checkpoint_every": 20}
+        if QUICK else {})
+
+
+def show(fig):
+  """Displays a matplotlib figure as a PNG (the library draws with the Agg backend)."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=100)
+  plt.close(fig)
+  display(Image(buffer.getvalue()))
+
+
+workdir = tempfile.mkdtemp(prefix="listops_") if QUICK else os.path.join(root, "runs", "listops_cpu")
+config = apply_overrides(experiment.get_config("preset=cpu"),
+                         {**SIZE, "data.dir": os.path.join(workdir if QUICK else root, "data")})
+
+# %% [markdown]
+# ## Train every attention variant
+# `run_sweep` trains each point of `experiment.get_sweep()` (one per `model.attention`) into
+# its own directory, skipping finished ones, and returns each point's final metrics.
+
+# %%
+points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()   # CI: full, local, longformer
+rows = run_sweep(config, points, workdir, tasks.get(config.task))
+
+# %% [markdown]
+# ## Accuracy, speed and memory beside LRA's Table 1
+# Test accuracy on the held-out split; steps/s is the median training rate; memory is
+# XLA's estimate of one training step (arguments, outputs and temporaries). LRA's figures
+# are for its own setting (length 500–2000, 6 layers of width 512), not this preset's.
+
+# %%
+header = ["attention", "test accuracy", "LRA Table 1", "steps/s", "step memory (MiB)",
+          "minutes"]
+lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+for row in rows:
+  lra = f"{row['lra/accuracy']:.2%}" if "lra/accuracy" in row else "—"
+  lines.append(f"| {row['model.attention']} | {row['test/accuracy']:.2%} | {lra} | "
+               f"{row['perf/steps_per_second']:.2f} | {row['perf/step_memory_mib']:.0f} | "
+               f"{row.get('perf/wall_seconds', float('nan')) / 60:.1f} |")
+display(Markdown("\n".join(lines)))
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 4))
+for row in rows:
+  ax.scatter(row["perf/steps_per_second"], 100 * row["test/accuracy"], s=row["perf/step_memory_mib"])
+  ax.annotate(row["model.attention"], (row["perf/steps_per_second"], 100 * row["test/accuracy"]),
+              textcoords="offset points", xytext=(6, 4))
+ax.axhline(17, color="gray", linestyle=":", label="majority class (≈ 17%)")
+ax.set_xlabel("training steps / s")
+ax.set_ylabel("test accuracy (%)")
+ax.set_title("ListOps, cpu preset (marker area: step memory)")
+ax.legend(loc="lower right")
+fig.tight_layout()
+show(fig)
+
+# %% [markdown]
+# ## Learning curves
+# Validation accuracy during training, from each run's `metrics.jsonl`.
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 4))
+for row in rows:
+  with open(os.path.join(workdir, f"model.attention={row['model.attention']}", "metrics.jsonl")) as f:
+    points = [(r["step"], 100 * r["eval/accuracy"]) for r in map(json.loads, f) if "eval/accuracy" in r]
+  ax.plot(*zip(*points), marker=".", label=row["model.attention"])
+ax.set_xlabel("step")
+ax.set_ylabel("validation accuracy (%)")
+ax.legend()
+fig.tight_layout()
+show(fig)
