@@ -19,8 +19,9 @@ Presets:
         chunked), 2 pre-norm layers of width 64, 2 heads, MLP 128, no dropout, batch 32,
         3 000 steps at a peak of 1e-3 (warm-up 300, rsqrt decay).
 
-Expected (cpu preset, 2-core CPU): see the README's ListOps table for every variant's
-test accuracy, steps/s and memory, with the commands. Data files are written once to
+Expected (cpu preset, 2-core CPU, data already generated): full attention 36.05% test
+accuracy in 9.2 minutes (3 000 steps at 5.7 steps/s); the sweep, every variant
+33.7–38.6% in 7–10 minutes each (README's ListOps table). Data files are written once to
 `<data.dir>/listops*/` (data.dir defaults to ./data) and read back on later runs;
 `--config.data.files=DIR` reads your own LRA TSV files instead.
 
