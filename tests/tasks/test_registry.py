@@ -1,7 +1,9 @@
 """The task registry, and the train loop's independence from where experiments live."""
 
+import importlib
 import os
 import re
+import sys
 
 import pytest
 
@@ -10,16 +12,22 @@ from research import tasks
 from research.errors import ConfigError
 from research.tasks import registry
 
+EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "experiments")
+
 
 def test_every_experiment_task_is_registered_under_its_config_name():
-  assert tasks.names() == ["nmt_dates", "sequence_tasks"]
+  sys.path.insert(0, EXPERIMENTS)
+  configs = [importlib.import_module(name[:-3]).get_config()
+             for name in sorted(os.listdir(EXPERIMENTS)) if name.endswith(".py")]
+  assert tasks.names() == sorted(config.task for config in configs)
   for name in tasks.names():
     assert tasks.get(name).name == name
 
 
 def test_an_unknown_task_names_the_registered_ones():
-  with pytest.raises(ConfigError, match="config.task='nmt' is not allowed; choose one of: "
-                                        "'nmt_dates', 'sequence_tasks'"):
+  with pytest.raises(ConfigError, match="config.task='nmt' is not allowed; choose one of: " +
+                     ", ".join(f"'{name}'" for name in tasks.names())):
     tasks.get("nmt")
 
 

@@ -7,6 +7,8 @@ import sys
 import pytest
 import tiny
 
+from research import tasks
+
 pytestmark = pytest.mark.slow
 
 NMT_DATES = os.path.join(tiny.ROOT, "experiments", "nmt_dates.py")
@@ -28,8 +30,8 @@ INVALID = {
     "unknown task": ("task.py", {"task.py": b"from research.training import base_config\n"
                                             b"def get_config():\n  c = base_config()\n"
                                             b"  c.task = 'nope'\n  return c\n"}, [],
-                     "config.task='nope' is not allowed; choose one of: 'nmt_dates', "
-                     "'sequence_tasks'"),
+                     "config.task='nope' is not allowed; choose one of: " +
+                     ", ".join(f"'{name}'" for name in tasks.names())),
     "workdir is a file": ("tiny", {"file": b"x"}, ["--workdir={dir}/file"],
                           "workdir {dir}/file is a file, not a directory"),
     "corpus line without a tab": (NMT_DATES, {"c.tsv": b"a\tb\r\nno tab\n"},
