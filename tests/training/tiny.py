@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,9 +37,15 @@ def launch_command(workdir: str, **overrides) -> list[str]:
           f"--workdir={workdir}", *flags]
 
 
+COMPILATION_CACHE = os.path.join(tempfile.gettempdir(), f"research-tests-xla-cache-{os.getuid()}")
+
+
 def environment(devices: int = 1) -> dict:
+  """A launch.py subprocess's environment: `devices` CPU devices, and JAX's persistent
+  compilation cache, so the many runs of the tiny config compile its steps once."""
   return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-          "JAX_PLATFORMS": "cpu"}
+          "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": COMPILATION_CACHE,
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 def run(workdir: str, devices: int = 1, **overrides) -> subprocess.CompletedProcess:
