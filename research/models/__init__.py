@@ -2,6 +2,7 @@
 
 from research.models.decoding import beam_search, gnmt_length_penalty, greedy_decode
 from research.models.encoder_classifier import EncoderClassifier
+from research.models.language_model import LanguageModel
 from research.models.seq2seq import (
                                      ATTENTIONS,
                                      STYLES,
@@ -14,5 +15,5 @@ from research.models.seq2seq import (
 from research.models.sequence_model import KINDS, SequenceModel
 
 __all__ = ["ATTENTIONS", "KINDS", "STYLES", "Decoder", "DecoderState", "Encoder",
-           "EncoderClassifier", "Memory",
+           "EncoderClassifier", "LanguageModel", "Memory",
            "Seq2Seq", "SequenceModel", "beam_search", "gnmt_length_penalty", "greedy_decode"]

@@ -1,0 +1,320 @@
+"""The char_lm experiment: a byte-level language model of the Python standard library's source.
+
+Data (research/data/python_corpus.py): the library's .py files (config.data.stdlib, ""
+for the running interpreter's; config.data.include_tests), split 90 / 5 / 5 by a hash of
+each file's path; the manifest is printed and written as corpus_manifest.json.
+
+Training: batch n is config.train.batch_size windows of config.data.context + 1 bytes at
+offsets drawn from np.random.default_rng([config.seed, n]) in the training stream (files
+preceded by the byte 0, windows may span files); the loss is the mean cross-entropy (nats)
+of the next byte at every position, from a zero state (recurrent) or no earlier context.
+Periodic evaluation: config.data.eval_windows validation windows drawn once from
+SeedSequence(config.seed, spawn_key=(1,)), scored the same way: eval/loss (nats per byte)
+and eval/bits_per_byte.
+
+Model: `LanguageModel(**config.model)` (research/models/language_model.py).
+
+Report, on the test split (its first config.data.test_bytes bytes with test_bytes > 0,
+else all of it; files ordered by hash, so a cut keeps a random sample of whole files):
+
+  test/bits_per_byte       −Σ log2 p(byte | what came before) / bytes, every byte of every
+                           file scored once, files read whole from their first byte. The
+                           files are laid end to end, each after a byte 0, in
+                           config.data.test_lanes lanes of whole files and about equal
+                           length (`lanes`), read in parallel. A recurrent model carries its
+                           state through a lane in chunks of config.data.test_chunk bytes
+                           (exactly one pass over the lane). The transformer reads windows
+                           of `context` bytes advancing by config.data.test_stride (0: half
+                           the context) and scores each window's last `stride` bytes (the
+                           first window all of its bytes): every byte sees at least
+                           context − stride bytes before it, or all of them near a lane's start.
+  test/zlib_bits_per_byte  8 · len(zlib.compress(data, 9)) / len(data)
+  test/xz_bits_per_byte    8 · len(lzma.compress(data, preset=9 | PRESET_EXTREME)) / len(data)
+                           (= xz -9e), data the same bytes as one concatenated stream: like
+                           the models, the compressors may use earlier files (file by file,
+                           zlib does 4% and xz 22% worse on Python 3.11's test split)
+  test/bytes, test/files   how much was scored; perf/test_seconds the time it took
+
+and samples.txt: config.sample.num_samples continuations of config.sample.prompt (read
+as the start of a file) of config.sample.length bytes, drawn with config.sample.temperature
+and top_k.
+"""
+
+import json
+import lzma
+import math
+import os
+import sys
+import time
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from research.attention import AttentionRequest, implementation_names, implementations
+from research.data import python_corpus
+from research.data.stream import GeneratedStream, eval_batches
+from research.errors import ConfigError, InputError
+from research.models.language_model import KINDS, LanguageModel, sample
+from research.tasks.registry import register
+from research.training.task import Report, Task
+from research.training.validation import (
+  COMPUTE_DTYPES,
+  check_choice,
+  check_divides,
+  check_positive,
+)
+
+MANIFEST = "corpus_manifest.json"
+SAMPLES = "samples.txt"
+POSITIVE = ("model.hidden_size", "model.num_layers", "model.embed_size", "model.num_heads",
+            "model.mlp_ratio", "data.context", "data.eval_windows", "data.test_lanes",
+            "data.test_chunk", "sample.num_samples", "sample.length")
+NON_NEGATIVE = ("model.window", "model.dropout", "data.test_bytes", "data.test_stride",
+                "sample.temperature", "sample.top_k")
+
+
+def validate(config) -> None:
+  """Raises ConfigError for a bad config.data / model / sample value, naming the key."""
+  m, d = config.model, config.data
+  check_choice(config, "model.kind", KINDS)
+  check_choice(config, "model.implementation", implementation_names())
+  check_choice(config, "model.dtype", COMPUTE_DTYPES)
+  check_choice(config, "data.include_tests", (True, False))
+  check_positive(config, *POSITIVE)
+  check_positive(config, *NON_NEGATIVE, allow_zero=True)
+  for key in (*POSITIVE, *NON_NEGATIVE):
+    if not key.endswith(("dropout", "temperature")) and not isinstance(
+        _get(config, key), int):
+      raise ConfigError(f"config.{key}={_get(config, key)!r} must be an int")
+  if m.dropout >= 1:
+    raise ConfigError(f"config.model.dropout={m.dropout} must be in [0, 1)")
+  if config.sample.top_k > 256:
+    raise ConfigError(f"config.sample.top_k={config.sample.top_k} must be in 0 … 256 "
+                      "(0: every byte)")
+  if d.test_stride > d.context:
+    raise ConfigError(f"config.data.test_stride={d.test_stride} must be <= config.data."
+                      f"context={d.context} (0: half the context)")
+  if d.stdlib and not os.path.isdir(d.stdlib):
+    raise ConfigError(f"config.data.stdlib={d.stdlib!r} is not a directory; give a Python "
+                      "library directory (a Lib), or '' for the running interpreter's")
+  if m.kind == "transformer":
+    check_divides(config, "model.num_heads", "model.hidden_size")
+    request = AttentionRequest(window=(m.window, 0) if m.window else None, causal=True,
+                               dtype=m.dtype, platform=jax.default_backend())
+    try:
+      implementations.check(m.implementation, request)
+    except ValueError as error:
+      raise ConfigError(f"config.model.{error}") from None
+
+
+def _get(config, key: str):
+  group, name = key.split(".")
+  return config[group][name]
+
+
+def load_corpus(config) -> python_corpus.Corpus:
+  """The corpus of config.data; InputError if a split is empty or too short to train on."""
+  d = config.data
+  corpus = python_corpus.load(d.stdlib or None, include_tests=d.include_tests)
+  sizes = {split: sum(map(len, data)) for split, data in corpus.contents.items()}
+  if not all(corpus.files.values()) or sizes["train"] <= d.context + 1:
+    counts = ", ".join(f"{split} {len(paths)} files ({sizes[split]} bytes)"
+                       for split, paths in corpus.files.items())
+    raise InputError(f"{corpus.root}: its .py files split into {counts}; every split needs a "
+                     f"file and training more than config.data.context + 1 = {d.context + 1} "
+                     "bytes")
+  return corpus
+
+
+def make_model(config) -> LanguageModel:
+  return LanguageModel(**config.model)
+
+
+def window_losses(model: LanguageModel, params, tokens: jax.Array) -> jax.Array:
+  """Cross-entropy (nats) of each next byte of windows tokens [B, L + 1]: [B, L]."""
+  logits, _ = model.apply({"params": params}, tokens[:, :-1])
+  return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+
+
+# ---- Whole-file evaluation ------------------------------------------------------------
+
+def lanes(texts: list[bytes], num_lanes: int) -> tuple[np.ndarray, np.ndarray]:
+  """Lays whole texts end to end in num_lanes lanes, each text after a FILE_START byte.
+
+  The longest texts are placed first, each into the lane with the fewest bytes so far, so
+  the longest lane is about max(longest text, total / num_lanes); within a lane the texts
+  keep their order. Lanes are padded with FILE_START to the longest.
+
+  Returns tokens [num_lanes, T + 1] int32 and scored [num_lanes, T] bool: True where
+  tokens[:, t + 1] is a byte of a text (not a FILE_START or padding). scored.sum() equals
+  the texts' total length.
+  """
+  members, loads = [[] for _ in range(num_lanes)], np.zeros(num_lanes, np.int64)
+  for i in sorted(range(len(texts)), key=lambda i: -len(texts[i])):
+    lane = int(np.argmin(loads))
+    members[lane].append(i)
+    loads[lane] += len(texts[i]) + 1
+  tokens = np.full((num_lanes, loads.max() + 1), python_corpus.FILE_START, np.int32)
+  scored = np.zeros((num_lanes, loads.max()), bool)
+  for lane, chosen in enumerate(members):
+    position = 0
+    for i in sorted(chosen):
+      data = np.frombuffer(texts[i], np.uint8)
+      tokens[lane, position + 1:position + 1 + len(data)] = data   # after its FILE_START
+      scored[lane, position:position + len(data)] = True
+      position += len(data) + 1
+  return tokens, scored
+
+
+def carried_state_nats(model: LanguageModel, params, tokens: np.ndarray, scored: np.ndarray,
+                       chunk: int) -> float:
+  """Σ −ln p over the scored bytes, a recurrent model reading each lane of tokens [N, T + 1]
+  in chunks of `chunk` bytes with its state carried from chunk to chunk."""
+
+  @jax.jit
+  def step(params, carry, inputs, targets, weights):
+    logits, carry = model.apply({"params": params}, inputs, carry)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return carry, jnp.where(weights, losses, 0.0)
+
+  num_lanes, length = scored.shape
+  padded = -(-length // chunk) * chunk
+  tokens = np.pad(tokens, ((0, 0), (0, padded - length)))
+  scored = np.pad(scored, ((0, 0), (0, padded - length)))
+  carry, sums = model.initial_carry(num_lanes), []
+  for start in range(0, padded, chunk):
+    carry, losses = step(params, carry, tokens[:, start:start + chunk],
+                       tokens[:, start + 1:start + chunk + 1], scored[:, start:start + chunk])
+    sums.append(losses)
+  return _total(sums)
+
+
+def sliding_window_nats(model: LanguageModel, params, tokens: np.ndarray, scored: np.ndarray,
+                        context: int, stride: int, batch_size: int) -> float:
+  """Σ −ln p over the scored bytes, a model reading windows of `context` bytes of each lane
+  of tokens [N, T + 1] that advance by `stride`: window k starts at k·stride and scores its
+  last `stride` positions (window 0 all of them), so each position is scored exactly once."""
+
+  @jax.jit
+  def step(params, windows, weights):
+    logits, _ = model.apply({"params": params}, windows[:, :-1])
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
+    return jnp.where(weights, losses, 0.0)
+
+  num_lanes, length = scored.shape
+  count = 1 + -(-max(length - context, 0) // stride)             # windows per lane
+  padded = (count - 1) * stride + context
+  tokens = np.pad(tokens, ((0, 0), (0, padded - length)))
+  scored = np.pad(scored, ((0, 0), (0, padded - length)))
+  starts = np.arange(count) * stride
+  offsets = starts[:, None] + np.arange(context)                 # [count, context]
+  window_part = np.ones((count, context), bool)
+  window_part[1:, :context - stride] = False                     # scored by earlier windows
+  windows = tokens[:, starts[:, None] + np.arange(context + 1)].reshape(-1, context + 1)
+  weights = (scored[:, offsets] & window_part).reshape(-1, context)
+  keep = weights.any(axis=1)                                     # skip all-padding windows
+  windows, weights = windows[keep], weights[keep]
+  rows = -(-len(windows) // batch_size) * batch_size
+  windows = np.pad(windows, ((0, rows - len(windows)), (0, 0)))
+  weights = np.pad(weights, ((0, rows - len(weights)), (0, 0)))
+  sums = [step(params, windows[i:i + batch_size], weights[i:i + batch_size])
+          for i in range(0, rows, batch_size)]
+  return _total(sums)
+
+
+def _total(losses: list[jax.Array]) -> float:
+  """Σ of per-byte losses, summed in float64 on the host."""
+  return float(sum(np.asarray(x, np.float64).sum() for x in jax.device_get(losses)))
+
+
+def compressed_bits_per_byte(data: bytes) -> dict[str, float]:
+  """zlib -9 and xz -9e (Python's zlib and lzma) of data: bits per byte of data."""
+  return {"zlib": 8 * len(zlib.compress(data, 9)) / len(data),
+          "xz": 8 * len(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)) / len(data)}
+
+
+def test_metrics(config, model: LanguageModel, params, texts: list[bytes]) -> dict[str, float]:
+  """test/* of the module docstring on texts (the test split, or its first test_bytes)."""
+  d, started = config.data, time.perf_counter()
+  tokens, scored = lanes(texts, d.test_lanes)
+  if model.kind == "transformer":
+    nats = sliding_window_nats(model, params, tokens, scored, d.context,
+                               d.test_stride or max(d.context // 2, 1), config.train.batch_size)
+  else:
+    nats = carried_state_nats(model, params, tokens, scored, d.test_chunk)
+  data = b"".join(texts)
+  compressed = compressed_bits_per_byte(data)
+  return {"test/bits_per_byte": nats / math.log(2) / len(data),
+          "test/zlib_bits_per_byte": compressed["zlib"],
+          "test/xz_bits_per_byte": compressed["xz"],
+          "test/bytes": float(len(data)), "test/files": float(len(texts)),
+          "perf/test_seconds": time.perf_counter() - started}
+
+
+# ---- Samples ------------------------------------------------------------------------------
+
+def draw_samples(config, model: LanguageModel, params) -> str:
+  """samples.txt: the settings, then each sample (prompt + continuation, bytes decoded as
+  UTF-8 with replacement characters)."""
+  s = config.sample
+  prompt = bytes([python_corpus.FILE_START]) + s.prompt.encode("utf-8")
+  prompts = jnp.tile(jnp.frombuffer(prompt, jnp.uint8).astype(jnp.int32), (s.num_samples, 1))
+  draw = jax.jit(lambda params, prompts, rng: sample(
+      model, params, prompts, rng, length=s.length, temperature=s.temperature, top_k=s.top_k,
+      context=config.data.context))
+  rng = jax.random.fold_in(jax.random.key(config.seed), 2)
+  tokens = np.asarray(jax.device_get(draw(params, prompts, rng)), np.uint8)
+  header = (f"# {s.num_samples} samples of {s.length} bytes after the prompt {s.prompt!r} read "
+            f"as the start of a file; {model.kind}, temperature {s.temperature}, top_k "
+            f"{s.top_k or 'off'}\n")
+  bodies = [f"\n# ---- sample {i}\n{s.prompt}{bytes(row).decode('utf-8', 'replace')}\n"
+            for i, row in enumerate(tokens)]
+  return header + "".join(bodies)
+
+
+# ---- The task -----------------------------------------------------------------------------
+
+def build(config) -> Task:
+  """Model, data and loss for config (validated); see research/training/task.py."""
+  d, model = config.data, make_model(config)
+  corpus = load_corpus(config)
+  manifest = corpus.manifest()
+  if jax.process_index() == 0:
+    print(python_corpus.describe(manifest) + f" -> {MANIFEST}", file=sys.stderr, flush=True)
+  train_stream = corpus.stream("train")
+  eval_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(1,)))
+  validation = python_corpus.random_windows(corpus.stream("validation"), eval_rng,
+                                            d.eval_windows, d.context)
+
+  def generate(rng, batch_size):
+    return {"tokens": python_corpus.random_windows(train_stream, rng, batch_size, d.context)}
+
+  def init(rng):
+    return model.init(rng, jnp.zeros((1, d.context), jnp.int32))["params"]
+
+  def loss(params, batch, rng):
+    logits, _ = model.apply({"params": params}, batch["tokens"][:, :-1], train=True,
+                            rngs={"dropout": rng})
+    nats = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
+    return nats, {"bits_per_byte": nats / math.log(2)}
+
+  def evaluate(params, batch):
+    nats = window_losses(model, params, batch["tokens"]).sum(axis=1)          # [B]
+    count = jnp.full(nats.shape, batch["tokens"].shape[1] - 1, jnp.float32)
+    return {"loss": (nats, count), "bits_per_byte": (nats / math.log(2), count)}
+
+  def report(params) -> Report:
+    metrics = test_metrics(config, model, params, corpus.texts("test", d.test_bytes))
+    return Report(metrics=metrics, texts={SAMPLES: draw_samples(config, model, params)})
+
+  return Task(init=init, train_data=GeneratedStream(generate, config.train.batch_size,
+                                                    config.seed),
+              eval_data=eval_batches({"tokens": validation}, config.train.batch_size),
+              loss=loss, evaluate=evaluate, report=report,
+              files={MANIFEST: json.dumps(manifest, indent=2) + "\n"})
+
+
+TASK = register("char_lm", validate=validate, build=build)
