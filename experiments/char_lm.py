@@ -14,22 +14,22 @@ samples.txt (4 continuations of "def ", temperature 0.8).
 Expected (CPython 3.11.7, test split of 95 files, 1 843 688 bytes), the default GRU
 (1 layer of 256, 0.33M parameters, 3000 steps of batch 32 × 128 bytes = 12 MB read):
 
-  test/bits_per_byte 1.692, test/zlib_bits_per_byte 1.703, test/xz_bits_per_byte 1.377
+  test/bits_per_byte 1.693, test/zlib_bits_per_byte 1.703, test/xz_bits_per_byte 1.377
   (eval/bits_per_byte on 256 validation windows, from a cold start each: 1.759)
 
-in 5 min 49 s on a 2-core CPU otherwise idle (9.4 steps/s: training 5 min 20 s, the test
-split 19 s, start-up, validation and samples the rest). Shared with a running test suite,
-the same model ran 5.5 steps/s: 3000 steps then take about 9 minutes. The goal was at most
-2.0 bits per byte within 10 minutes of training; eval/bits_per_byte is 1.93 at step 1000.
+in 5 min 4 s on a 2-core CPU otherwise idle (10.7 steps/s: training 4 min 41 s, the test
+split 16 s, start-up, validation and samples the rest). The goal was at most 2.0 bits per
+byte within 10 minutes of training; eval/bits_per_byte is 1.93 at step 1000 (1.6 minutes).
 
-The variants, each alone on the same machine (training steps; test bits per byte; wall time):
+The variants, each alone on the same machine (training steps; test bits per byte; steps/s;
+wall time of the whole run):
 
   python launch.py --config experiments/char_lm.py:model=lstm --workdir runs/char_lm_lstm
   python launch.py --config experiments/char_lm.py:model=transformer --workdir runs/char_lm_tf
 
-  gru (default)   3000 steps   1.692   5 min 49 s
-  lstm            3000 steps   (TO BE MEASURED)
-  transformer     2000 steps   (TO BE MEASURED)
+  gru (default)   3000 steps   1.693   10.7   5 min 4 s
+  lstm            3000 steps   1.743    8.8   6 min 10 s
+  transformer     2000 steps   1.906    5.5   7 min 9 s
 
 Other Python versions read other libraries (the manifest says which): the compressor rows
 are computed in the same run on the same bytes, so compare against them. On a CPU the
@@ -47,7 +47,7 @@ import ml_collections
 from research.training.config import base_config, parse_variants
 
 # Per model: its config.model fields, and (steps, peak learning rate), chosen so that each
-# trains for about 8 minutes on a 2-core CPU (batch 32 of 128-byte windows).
+# trains for 4½–6 minutes on a 2-core CPU (batch 32 of 128-byte windows).
 MODELS = {
     "lstm": dict(hidden_size=256, num_layers=1, embed_size=64),
     "gru": dict(hidden_size=256, num_layers=1, embed_size=64),

@@ -52,6 +52,7 @@ except ImportError:
 sys.path.insert(0, os.path.join(root, "experiments"))
 
 # %%
+import contextlib
 import io
 import json
 import os
@@ -92,7 +93,8 @@ def read(run: str, name: str) -> str:
 # %% [markdown]
 # ## Train each model
 # `train_and_evaluate` trains, evaluates on validation windows every 500 steps, then scores
-# the test split and draws samples; a run with a `final_metrics.json` is read back.
+# the test split and draws samples; a run with a `final_metrics.json` is read back. The
+# progress lines are kept out of the notebook: each run's `metrics.jsonl` holds them.
 
 # %%
 results = {}
@@ -100,7 +102,8 @@ for kind in MODELS:
   run = os.path.join(workdir, kind)
   if not os.path.exists(os.path.join(run, "final_metrics.json")):
     config = apply_overrides(experiment.get_config(f"model={kind}"), SIZE)
-    train_and_evaluate(config, run, tasks.get(config.task))
+    with contextlib.redirect_stderr(io.StringIO()):
+      train_and_evaluate(config, run, tasks.get(config.task))
   results[kind] = json.loads(read(kind, "final_metrics.json"))
 
 # %% [markdown]

@@ -51,6 +51,7 @@ except ImportError:
 sys.path.insert(0, os.path.join(root, "experiments"))
 
 # %%
+import contextlib
 import io
 import json
 import os
@@ -87,10 +88,12 @@ def show(fig):
 # %% [markdown]
 # ## Train every model at every distance
 # `run_sweep` trains each point into its own directory (skipping finished ones) and returns
-# its final metrics: validation MSE and accuracy on 1000 fixed examples.
+# its final metrics: validation MSE and accuracy on 1000 fixed examples. The progress
+# lines are kept out of the notebook: each run's `metrics.jsonl` holds them.
 
 # %%
-rows = run_sweep(config, points, workdir, tasks.get(config.task))
+with contextlib.redirect_stderr(io.StringIO()):
+  rows = run_sweep(config, points, workdir, tasks.get(config.task))
 result = {(r["model.kind"], r["data.length"]): r for r in rows}
 
 # %% [markdown]
@@ -110,8 +113,8 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## The plot
 # Left: final MSE against T (log scale); the vanilla RNN's gradient vanishes through T tanh
-# steps, so it falls back to the constant beyond short distances. Right: validation MSE
-# during training at the longest T.
+# steps, so it falls back to the constant beyond short distances. Right: the training
+# loss (MSE of each batch, logged every 100 steps) at the longest T.
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -119,17 +122,18 @@ for kind in MODELS:
   left.plot(LENGTHS, [result[kind, t]["eval/mse"] for t in LENGTHS], marker="o", label=kind)
   point = next(p for p in points if p["model.kind"] == kind and p["data.length"] == LENGTHS[-1])
   with open(os.path.join(workdir, point_name(point), "metrics.jsonl")) as f:
-    curve = [(r["step"], r["eval/mse"]) for r in map(json.loads, f) if "eval/mse" in r]
-  right.plot(*zip(*curve), marker=".", label=kind)
+    curve = [(r["step"], r["train/loss"]) for r in map(json.loads, f) if "train/loss" in r]
+  right.plot(*zip(*curve), label=kind)
 for ax in (left, right):
   ax.axhline(1 / 6, color="gray", linestyle=":", label="constant 1 (≈ 0.167)")
   ax.set_yscale("log")
-  ax.set_ylabel("validation MSE")
+left.set_ylabel("validation MSE")
+right.set_ylabel("training MSE")
 left.set_xlabel("dependency distance T")
 left.set_xticks(LENGTHS)
 left.set_title("adding problem: final MSE")
 right.set_xlabel("training step")
 right.set_title(f"learning curves at T = {LENGTHS[-1]}")
-left.legend()
-fig.tight_layout()
+fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(MODELS) + 1)
+fig.tight_layout(rect=(0, 0.07, 1, 1))
 show(fig)
