@@ -64,6 +64,7 @@ from IPython.display import Image, Markdown, display
 import char_lm as experiment
 from research import tasks
 from research.training import apply_overrides, train_and_evaluate
+from research.training.plots import figure_png
 
 QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
 SIZE = ({"train.num_steps": 20, "train.warmup_steps": 0, "train.log_every": 10,
@@ -75,14 +76,6 @@ SIZE = ({"train.num_steps": 20, "train.warmup_steps": 0, "train.log_every": 10,
         if QUICK else {})
 MODELS = ("gru", "lstm", "transformer")
 workdir = tempfile.mkdtemp(prefix="char_lm_") if QUICK else os.path.join(root, "runs", "char_lm")
-
-
-def show(fig):
-  """Displays a matplotlib figure as a PNG (the library draws with the Agg backend)."""
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format="png", dpi=100)
-  plt.close(fig)
-  display(Image(buffer.getvalue()))
 
 
 def read(run: str, name: str) -> str:
@@ -160,7 +153,7 @@ ax.set_ylabel("bits per byte")
 ax.set_title("char_lm on the Python standard library")
 ax.legend()
 fig.tight_layout()
-show(fig)
+display(Image(figure_png(fig)))
 
 # %% [markdown]
 # ## Samples

@@ -51,7 +51,6 @@ except ImportError:
 sys.path.insert(0, os.path.join(root, "experiments"))
 
 # %%
-import io
 import json
 import os
 import tempfile
@@ -62,6 +61,7 @@ from IPython.display import Image, Markdown, display
 import listops as experiment
 from research import tasks
 from research.training import apply_overrides, run_sweep
+from research.training.plots import figure_png
 
 QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
 SIZE = ({"data.min_tree_length": 8, "data.max_tree_length": 150, "data.train_examples": 256,
@@ -71,14 +71,6 @@ SIZE = ({"data.min_tree_length": 8, "data.max_tree_length": 150, "data.train_exa
          "train.warmup_steps": 5, "train.log_every": 10, "train.eval_every": 20,
          "train.checkpoint_every": 20}
         if QUICK else {})
-
-
-def show(fig):
-  """Displays a matplotlib figure as a PNG (the library draws with the Agg backend)."""
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format="png", dpi=100)
-  plt.close(fig)
-  display(Image(buffer.getvalue()))
 
 
 workdir = tempfile.mkdtemp(prefix="listops_") if QUICK else os.path.join(root, "runs", "listops_cpu")
@@ -123,7 +115,7 @@ ax.set_ylabel("test accuracy (%)")
 ax.set_title("ListOps, cpu preset (marker area: step memory)")
 ax.legend(loc="lower right")
 fig.tight_layout()
-show(fig)
+display(Image(figure_png(fig)))
 
 # %% [markdown]
 # ## Learning curves
@@ -139,4 +131,4 @@ ax.set_xlabel("step")
 ax.set_ylabel("validation accuracy (%)")
 ax.legend()
 fig.tight_layout()
-show(fig)
+display(Image(figure_png(fig)))

@@ -49,6 +49,8 @@ except ImportError:
 sys.path.insert(0, os.path.join(root, "experiments"))
 
 # %%
+import contextlib
+import io
 import json
 import tempfile
 
@@ -85,8 +87,9 @@ workdir = tempfile.mkdtemp(prefix="nmt_ablation_")
 results = {}
 for name, variant in VARIANTS.items():
   config = apply_overrides(nmt_dates.get_config(variant), SIZE)
-  results[name] = train_and_evaluate(config, os.path.join(workdir, variant),
-                                     tasks.get(config.task))
+  with contextlib.redirect_stderr(io.StringIO()):     # progress lines: see metrics.jsonl
+    results[name] = train_and_evaluate(config, os.path.join(workdir, variant),
+                                       tasks.get(config.task))
 
 # %% [markdown]
 # ## Exact match on held-out dates

@@ -63,6 +63,7 @@ from IPython.display import Image, Markdown, display
 import sequence_tasks as experiment
 from research import tasks
 from research.training import run_sweep
+from research.training.plots import figure_png
 from research.training.sweep import point_name
 
 QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
@@ -75,14 +76,6 @@ workdir = tempfile.mkdtemp(prefix="sequence_tasks_") if QUICK else os.path.join(
     root, "runs", "sequence_tasks")
 MODELS = list(dict.fromkeys(p["model.kind"] for p in points))
 LENGTHS = sorted({p["data.length"] for p in points})
-
-
-def show(fig):
-  """Displays a matplotlib figure as a PNG (the library draws with the Agg backend)."""
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format="png", dpi=100)
-  plt.close(fig)
-  display(Image(buffer.getvalue()))
 
 
 # %% [markdown]
@@ -136,4 +129,4 @@ right.set_xlabel("training step")
 right.set_title(f"learning curves at T = {LENGTHS[-1]}")
 fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(MODELS) + 1)
 fig.tight_layout(rect=(0, 0.07, 1, 1))
-show(fig)
+display(Image(figure_png(fig)))

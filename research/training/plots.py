@@ -1,4 +1,7 @@
-"""PNG figures for the workdir: loss curves and attention heatmaps (matplotlib, Agg)."""
+"""PNG figures for the workdir: loss curves and attention heatmaps (matplotlib, Agg), and
+any figure as PNG bytes (what a notebook displays)."""
+
+import io
 
 import matplotlib
 
@@ -40,3 +43,11 @@ def plot_heatmap(heatmap: Heatmap, path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
+
+
+def figure_png(fig) -> bytes:
+  """The figure as PNG bytes (e.g. for IPython.display.Image); closes it."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=100)
+  plt.close(fig)
+  return buffer.getvalue()
