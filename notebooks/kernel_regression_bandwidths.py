@@ -50,6 +50,8 @@ except ImportError:
 sys.path.insert(0, os.path.join(root, "experiments"))
 
 # %%
+import contextlib
+import io
 import os
 import statistics
 import tempfile
@@ -84,7 +86,8 @@ def table(metrics: dict) -> str:
 
 # %%
 run = os.path.join(workdir, "seed0")
-final = train_and_evaluate(config, run, tasks.get(config.task))
+with contextlib.redirect_stderr(io.StringIO()):     # progress lines: see metrics.jsonl
+  final = train_and_evaluate(config, run, tasks.get(config.task))
 display(Markdown(table(final)))
 
 # %% [markdown]
@@ -105,7 +108,8 @@ for name in sorted(f for f in os.listdir(run) if f.startswith("attention_")):
 
 # %%
 points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()
-rows = run_sweep(config, points, os.path.join(workdir, "seeds"), tasks.get(config.task))
+with contextlib.redirect_stderr(io.StringIO()):
+  rows = run_sweep(config, points, os.path.join(workdir, "seeds"), tasks.get(config.task))
 mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0] if k.startswith("test/mse")}
 display(Markdown(f"Mean over {len(rows)} seeds:\n\n" + table(mean)))
 for kernel in KERNELS:
