@@ -64,16 +64,16 @@ from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
   check_divides,
+  check_int,
   check_positive,
 )
 
 MANIFEST = "corpus_manifest.json"
 SAMPLES = "samples.txt"
-POSITIVE = ("model.hidden_size", "model.num_layers", "model.embed_size", "model.num_heads",
-            "model.mlp_ratio", "data.context", "data.eval_windows", "data.test_lanes",
-            "data.test_chunk", "sample.num_samples", "sample.length")
-NON_NEGATIVE = ("model.window", "model.dropout", "data.test_bytes", "data.test_stride",
-                "sample.temperature", "sample.top_k")
+POSITIVE_INTS = ("model.hidden_size", "model.num_layers", "model.embed_size", "model.num_heads",
+                 "model.mlp_ratio", "data.context", "data.eval_windows", "data.test_lanes",
+                 "data.test_chunk", "sample.num_samples", "sample.length")
+NON_NEGATIVE_INTS = ("model.window", "data.test_bytes", "data.test_stride", "sample.top_k")
 
 
 def validate(config) -> None:
@@ -83,12 +83,10 @@ def validate(config) -> None:
   check_choice(config, "model.implementation", implementation_names())
   check_choice(config, "model.dtype", COMPUTE_DTYPES)
   check_choice(config, "data.include_tests", (True, False))
-  check_positive(config, *POSITIVE)
-  check_positive(config, *NON_NEGATIVE, allow_zero=True)
-  for key in (*POSITIVE, *NON_NEGATIVE):
-    if not key.endswith(("dropout", "temperature")) and not isinstance(
-        _get(config, key), int):
-      raise ConfigError(f"config.{key}={_get(config, key)!r} must be an int")
+  check_positive(config, *POSITIVE_INTS)
+  check_positive(config, *NON_NEGATIVE_INTS, "model.dropout", "sample.temperature",
+                 allow_zero=True)
+  check_int(config, *POSITIVE_INTS, *NON_NEGATIVE_INTS)
   if m.dropout >= 1:
     raise ConfigError(f"config.model.dropout={m.dropout} must be in [0, 1)")
   if config.sample.top_k > 256:
@@ -110,11 +108,6 @@ def validate(config) -> None:
       raise ConfigError(f"config.model.{error}") from None
 
 
-def _get(config, key: str):
-  group, name = key.split(".")
-  return config[group][name]
-
-
 def load_corpus(config) -> python_corpus.Corpus:
   """The corpus of config.data; InputError if a split is empty or too short to train on."""
   d = config.data
@@ -133,9 +126,12 @@ def make_model(config) -> LanguageModel:
   return LanguageModel(**config.model)
 
 
-def window_losses(model: LanguageModel, params, tokens: jax.Array) -> jax.Array:
-  """Cross-entropy (nats) of each next byte of windows tokens [B, L + 1]: [B, L]."""
-  logits, _ = model.apply({"params": params}, tokens[:, :-1])
+def window_losses(model: LanguageModel, params, tokens: jax.Array, rng: jax.Array | None = None
+                  ) -> jax.Array:
+  """Cross-entropy (nats) of each next byte of windows tokens [B, L + 1]: [B, L]; with an
+  rng, in training mode (dropout drawn from it)."""
+  logits, _ = model.apply({"params": params}, tokens[:, :-1], train=rng is not None,
+                          rngs=None if rng is None else {"dropout": rng})
   return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
 
 
@@ -200,9 +196,7 @@ def sliding_window_nats(model: LanguageModel, params, tokens: np.ndarray, scored
 
   @jax.jit
   def step(params, windows, weights):
-    logits, _ = model.apply({"params": params}, windows[:, :-1])
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
-    return jnp.where(weights, losses, 0.0)
+    return jnp.where(weights, window_losses(model, params, windows), 0.0)
 
   num_lanes, length = scored.shape
   count = 1 + -(-max(length - context, 0) // stride)             # windows per lane
@@ -296,9 +290,7 @@ def build(config) -> Task:
     return model.init(rng, jnp.zeros((1, d.context), jnp.int32))["params"]
 
   def loss(params, batch, rng):
-    logits, _ = model.apply({"params": params}, batch["tokens"][:, :-1], train=True,
-                            rngs={"dropout": rng})
-    nats = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
+    nats = window_losses(model, params, batch["tokens"], rng).mean()
     return nats, {"bits_per_byte": nats / math.log(2)}
 
   def evaluate(params, batch):

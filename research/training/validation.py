@@ -36,6 +36,12 @@ def check_positive(config, *keys: str, allow_zero: bool = False) -> None:
       raise ConfigError(f"config.{key}={value!r} must be a number {bound}")
 
 
+def check_int(config, *keys: str) -> None:
+  for key in keys:
+    if not isinstance(get(config, key), int) or isinstance(get(config, key), bool):
+      raise ConfigError(f"config.{key}={get(config, key)!r} must be an int")
+
+
 def check_divides(config, divisor_key: str, key: str) -> None:
   """get(key) must be a multiple of get(divisor_key)."""
   divisor, value = get(config, divisor_key), get(config, key)
@@ -54,10 +60,8 @@ def check_shared(config) -> None:
   """The keys of research.training.config.base_config(), checked before any compilation."""
   check_positive(config, *(f"train.{k}" for k in TRAIN_POSITIVE))
   check_positive(config, *(f"train.{k}" for k in TRAIN_NON_NEGATIVE), allow_zero=True)
-  for key in ("seed", *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
-              "train.warmup_steps"):
-    if not isinstance(get(config, key), int) or isinstance(get(config, key), bool):
-      raise ConfigError(f"config.{key}={get(config, key)!r} must be an int")
+  check_int(config, "seed", *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
+            "train.warmup_steps")
   check_divides(config, "train.log_every", "train.checkpoint_every")
   check_choice(config, "train.parallelism", STRATEGIES)
   check_choice(config, "train.schedule", SCHEDULES)
