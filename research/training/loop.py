@@ -144,7 +144,8 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
         state, metrics = train_step.compile(batch)(state, batch)
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
-        if is_log or stop.signum:
+        stopping = stop.signum   # read once: a signal arriving later in the step waits a step
+        if is_log or stopping:
           unlogged += _check_finite(jax.device_get([strategy.host_metrics(m) for m in pending]),
                                     step - len(pending) + 1, checkpoints.latest_step())
           pending = []
@@ -157,13 +158,13 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
           writer.write(step, evaluate(state))
           if jax.process_index() == 0:
             plots.plot_curves(writer.history, os.path.join(workdir, "loss.png"))
-        if step % train.checkpoint_every == 0 or step == train.num_steps or stop.signum:
+        if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
           checkpoints.save(step, strategy.host_state(state), task.train_data.get_state(),
                            _to_json(unlogged))
         checkpoints.raise_if_failed()
-        if stop.signum:
+        if stopping:
           checkpoints.raise_if_failed(wait=True)
-          raise Stopped(stop.signum, step, checkpoints.directory)
+          raise Stopped(stopping, step, checkpoints.directory)
     except OSError as error:
       raise WriteError(f"cannot write {error.filename or workdir} ({error.strerror or error}); "
                        f"stopping. The last complete checkpoint (step "

@@ -1,8 +1,11 @@
 """train_and_evaluate end to end on a tiny config, in process."""
 
+import itertools
 import json
 import logging
 import os
+import re
+import signal
 
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +13,8 @@ import pytest
 import tiny
 
 from research.errors import CheckpointMismatchError
-from research.training.loop import train_and_evaluate
+from research.training.checkpoints import Checkpoints
+from research.training.loop import Stopped, train_and_evaluate
 from research.training.metrics import NonFiniteLossError
 from research.training.sweep import run_sweep
 
@@ -61,6 +65,24 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path)
   with pytest.raises(NonFiniteLossError, match=r"loss is nan at step 26.*checkpoint \(step 20\)"):
     train_and_evaluate(tiny.config(), str(tmp_path), poisoned)
   assert os.listdir(tmp_path / "checkpoints") == ["20"]
+
+
+def test_a_sigterm_late_in_a_step_still_saves_the_step_it_reports(tmp_path, monkeypatch):
+  """The signal lands after the step decided whether to save (inside its non-blocking
+  save check), so the loop must save and stop at the next step, not report an unsaved one."""
+  steps, raise_if_failed = itertools.count(1), Checkpoints.raise_if_failed
+
+  def check_then_signal_at_step_25(self, wait=False):
+    raise_if_failed(self, wait)
+    if not wait and next(steps) == 25:     # called once a step, after its save decision
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(Checkpoints, "raise_if_failed", check_then_signal_at_step_25)
+  with pytest.raises(Stopped) as stopped:
+    train_and_evaluate(tiny.config(), str(tmp_path), tiny.task())
+  step = int(re.match(r"SIGTERM at step (\d+):", str(stopped.value)).group(1))
+  assert step == 26
+  assert sorted(os.listdir(tmp_path / "checkpoints"), key=int) == ["20", "26"]
 
 
 def _corrupt(checkpoint, data_files_only: bool) -> None:
