@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from timing import median_ms
 
-from research.attention import dot_product_attention, implementations
+from research.attention import dot_product_attention, registry
 from research.attention.masks import Visibility
 
 SHAPES = ((4, 2048, 8, 64), (4, 8192, 8, 64), (1, 32768, 8, 128))
@@ -53,10 +53,10 @@ def candidates(shape, pattern_name: str) -> dict:
   pattern = PATTERNS[pattern_name]
   found = {"ours auto": functools.partial(dot_product_attention, **pattern)}
   q = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-  request = implementations.Request.of(q, q, q, is_causal=True, window=pattern.get("window"),
+  request = registry.Request.of(q, q, q, is_causal=True, window=pattern.get("window"),
                                        global_tokens=pattern.get("global_tokens"))
   for name in ("pallas_gpu", "cudnn", "chunked", "banded"):
-    if not implementations.get(name).unsupported(request):
+    if not registry.get(name).unsupported(request):
       found[f"ours {name}"] = functools.partial(dot_product_attention, implementation=name,
                                                 **pattern)
   if "global_tokens" not in pattern:

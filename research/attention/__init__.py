@@ -9,7 +9,6 @@ Gumbel straight-through (`hard.py`), Linformer and memory-compressed attention
 `from_torch(torch.nn.MultiheadAttention)` imports torch weights.
 """
 
-from research import kernels  # noqa: E402,F401  (registers cudnn and the Pallas kernels)
 from research.attention.compressed import (
                                            LinformerSelfAttention,
                                            MemoryCompressedAttention,
@@ -25,13 +24,6 @@ from research.attention.hard import (
                                            reinforce_surrogate,
                                            update_moving_average_baseline,
 )
-from research.attention.implementations import Implementation
-from research.attention.implementations import Request as AttentionRequest
-from research.attention.implementations import get as get_implementation
-from research.attention.implementations import names as implementation_names
-from research.attention.implementations import register as register_implementation
-from research.attention.implementations import registered as registered_implementations
-from research.attention.implementations import supporting as supporting_implementations
 from research.attention.kernel_regression import KERNELS, NadarayaWatson, nadaraya_watson
 from research.attention.local import LocalAttention, local_attention_weights
 from research.attention.masks import (
@@ -42,6 +34,13 @@ from research.attention.masks import (
                                            window_mask,
 )
 from research.attention.multi_head import MultiHeadAttention
+from research.attention.registry import Implementation
+from research.attention.registry import Request as AttentionRequest
+from research.attention.registry import get as get_implementation
+from research.attention.registry import names as implementation_names
+from research.attention.registry import register as register_implementation
+from research.attention.registry import registered as registered_implementations
+from research.attention.registry import supporting as supporting_implementations
 from research.attention.scores import (
                                            SCORE_FUNCTIONS,
                                            AdditiveScore,

@@ -6,30 +6,35 @@ k / v [batch, kv_len, H_kv, d], H_kv dividing H; mask and bias broadcastable to
 query with no visible key returns zeros instead of an average of all values.
 
 `implementation=` is "auto" (the default: the fastest exact implementation that can do
-the call on the current backend, chosen when it is traced) or names an entry of the
-registry (`implementations.py` holds the capability table and what "auto" picks where); a
-request the implementation cannot do fails before tracing, naming what is missing and
-the implementations that can:
+the call on the platform it is lowered for) or names an entry of the registry
+(`registry.py`; `implementations.py` shows the capability table and what "auto" picks
+where). The choice is staged per lowering platform (`platforms.per_platform`), so a call
+traced on a CPU machine and lowered for a TPU runs splash's kernel there. A request the
+implementation can do on no platform fails when traced, naming what is missing and the
+implementations that can; one it can do elsewhere fails when lowered for a platform it
+cannot run on:
 
   implementation  what it is
   "dense"         materialises the weights [batch, H, q_len, kv_len] (return_weights=True)
   "chunked"       exact in O(n) memory; skips key blocks a causal / windowed query block
                   cannot see
   "banded"        sliding window (required) in O(n·(w + |G|)), without a dense mask
-  "cudnn"         NVIDIA's fused kernel through jax.nn (research/kernels/cudnn.py)
-  "pallas_gpu"    our Pallas flash kernel, Triton (research/kernels/pallas_gpu.py)
-  "pallas_tpu"    Pallas TPU splash attention (research/kernels/pallas_tpu.py)
+  "cudnn"         NVIDIA's fused kernel through jax.nn (research/attention/kernels/cudnn.py)
+  "pallas_gpu"    our Pallas flash kernel, Triton (research/attention/kernels/pallas_gpu.py)
+  "pallas_tpu"    Pallas TPU splash attention (research/attention/kernels/pallas_tpu.py)
 
-Named on a CPU, the Pallas kernels run in Pallas interpret mode (for tests).
+Named and lowered for a CPU, the Pallas kernels run in Pallas interpret mode (for tests);
+lowered for their own platform they are the real kernels.
 """
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from research.attention import implementations
+from research.attention import implementations, kernels, platforms, registry  # noqa: F401 (registration)
 from research.attention.masks import Visibility
 
 Array = jax.Array
@@ -100,14 +105,15 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     return_weights: also return the weights [batch, H, q_len, kv_len] (dense only).
     scale: logit scale, default 1/√d.
     key_value_seq_lengths: [batch] ints; keys at t ≥ length are padding.
-    block_size: block length of the chunked / banded strategies (default 256 / 64).
+    block_size: block length of the chunked / banded strategies (default 256 / 64), and of
+      a Pallas kernel named explicitly (under "auto" the kernels choose their own).
 
   Returns:
     out [batch, q_len, H, d_v] in q's dtype, or (out, weights) with return_weights.
   """
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   _check_shapes(q, k, v)
-  implementations.check_name(implementation)  # an unknown name fails first, listing the names
+  registry.check_name(implementation)  # an unknown name fails first, listing the names
   if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
     raise ValueError(f"block_size must be a positive int, got {block_size!r}")
   b, q_len, h, d = q.shape
@@ -122,11 +128,40 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
                        f"got {key_value_seq_lengths.shape}")
   positions = _global_positions(global_tokens, max(q_len, k.shape[1]))
   visibility = Visibility.make(is_causal, window, key_value_seq_lengths, positions)
-  request = implementations.Request.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                                       window=window, global_tokens=positions,
-                                       key_value_seq_lengths=key_value_seq_lengths,
-                                       return_weights=return_weights)
-  chosen = implementations.check(implementation, request)
-  scale = 1.0 / math.sqrt(d) if scale is None else scale
-  return chosen.function(q, k, v, scale=scale, bias=bias, mask=mask, visibility=visibility,
-                         block_size=block_size, return_weights=bool(return_weights))
+  request = registry.Request.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+                                window=window, global_tokens=positions,
+                                key_value_seq_lengths=key_value_seq_lengths,
+                                return_weights=return_weights)
+  choices = registry.plan(implementation, request, platforms.host())
+  call = functools.partial(_call, scale=1.0 / math.sqrt(d) if scale is None else scale,
+                           visibility=visibility, block_size=block_size,
+                           return_weights=bool(return_weights))
+  out_shape = jax.ShapeDtypeStruct((b, q_len, h, v.shape[-1]), q.dtype)
+  if return_weights:
+    out_shape = (out_shape, jax.ShapeDtypeStruct(full, jnp.float32))
+  branches, made = {}, {}
+  for lowering, platform in platforms.LOWERING.items():
+    chosen, interpret, refusal = choices[platform]
+    if chosen is None:
+      branches[lowering] = platforms.refusal(refusal, out_shape)
+      continue
+    native = chosen.platforms is not None and not interpret   # a kernel of this platform
+    key = (chosen.name, interpret, lowering if native else None)
+    if key not in made:
+      # under "auto" a platform's kernel picks its own tiles: block_size is the strategies'
+      tiles = dict(block_size=None) if native and implementation == registry.AUTO else {}
+      branch = functools.partial(call, chosen, interpret, **tiles)
+      made[key] = platforms.only_on(lowering, branch) if native else branch
+    branches[lowering] = made[key]
+  return platforms.per_platform(branches, (q, k, v, bias), (mask, visibility.kv_lengths))
+
+
+def _call(implementation, interpret, diff, rest, *, scale, visibility, block_size,
+          return_weights):
+  """implementation's function on (q, k, v, bias), (mask, key lengths)."""
+  (q, k, v, bias), (mask, kv_lengths) = diff, rest
+  extra = dict(interpret=interpret) if implementation.interpreted else {}
+  return implementation.function(q, k, v, scale=scale, bias=bias, mask=mask,
+                                 visibility=visibility._replace(kv_lengths=kv_lengths),
+                                 block_size=block_size, return_weights=return_weights,
+                                 **extra)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from research.attention import implementations
+from research.attention import registry
 from research.attention.dense import weighted_values
 from research.attention.functional import dot_product_attention
 from research.attention.masks import Visibility
@@ -59,10 +59,10 @@ class MultiHeadAttention(nn.Module):
   """Multi-head (or grouped / multi-query) attention over query and key/value inputs.
 
   `__call__(inputs_q [b, q_len, D_q], inputs_kv [b, kv_len, D_k] = inputs_q, ...)`
-  returns [b, q_len, out_features]. When the implementation that runs returns the weights
-  ("dense", which "auto" picks for kv_len ≤ 256 on a CPU and whenever dropout needs the
-  weights) the attention weights [b, H, q_len, kv_len] (before dropout) are sown as
-  intermediates/attention_weights.
+  returns [b, q_len, out_features]. When the weights are computed (implementation="dense",
+  or dropout on the weights in training, which "auto" then runs as "dense" on every
+  platform) the attention weights [b, H, q_len, kv_len] (before dropout) are sown as
+  intermediates/attention_weights; otherwise "auto" picks per lowering platform.
   In a decode step kv_len is the cache's max_len: mask, bias and the sown weights cover
   [n new tokens, max_len].
   """
@@ -83,13 +83,13 @@ class MultiHeadAttention(nn.Module):
   bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()      # projection biases
 
   def _check_config(self, train: bool):
-    implementations.check_name(self.implementation)  # lists the names if unknown
+    registry.check_name(self.implementation)  # lists the names if unknown
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
-    if (self.dropout_rate > 0 and train and self.implementation != implementations.AUTO
-        and not implementations.get(self.implementation).returns_weights):
-      able = " or ".join(f"implementation={impl!r}" for impl in implementations.registered()
-                         if implementations.get(impl).returns_weights)
+    if (self.dropout_rate > 0 and train and self.implementation != registry.AUTO
+        and not registry.get(self.implementation).returns_weights):
+      able = " or ".join(f"implementation={impl!r}" for impl in registry.registered()
+                         if registry.get(impl).returns_weights)
       able = able or "an implementation that returns them"
       raise ValueError(f"dropout_rate > 0 with train=True drops the attention weights, which "
                        f"implementation={self.implementation!r} does not return; use {able}")
@@ -144,18 +144,17 @@ class MultiHeadAttention(nn.Module):
         # A step's queries sit at cache positions, not at key positions 0 … n−1, so its
         # window is a mask: an implementation that cannot do the step (banded needs a
         # window) gives way to the one "auto" picks.
-        step = implementations.Request.of(q, k, v, mask=mask, bias=bias)
-        if (implementation != implementations.AUTO
-            and implementations.get(implementation).unsupported(step)):
-          implementation = implementations.AUTO
+        step = registry.Request.of(q, k, v, mask=mask, bias=bias)
+        if implementation != registry.AUTO and not registry.can_do(implementation, step):
+          implementation = registry.AUTO
 
     dropout = self.dropout_rate > 0 and train
-    chosen = implementations.check(implementation, implementations.Request.of(
-        q, k, v, mask=mask, bias=bias, return_weights=dropout, **pattern))
+    weights = dropout or (implementation != registry.AUTO
+                          and registry.get(implementation).returns_weights)
     attend = functools.partial(dot_product_attention, q, k, v, mask=mask, bias=bias,
-                               implementation=chosen.name, block_size=self.block_size,
-                               **pattern)
-    if chosen.returns_weights:
+                               implementation="dense" if dropout else implementation,
+                               block_size=self.block_size, **pattern)
+    if weights:
       out, weights = attend(return_weights=True)
       self.sow("intermediates", "attention_weights", weights)
       if dropout:

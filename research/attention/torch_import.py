@@ -17,7 +17,8 @@ Masks. torch's conventions are the opposite of ours (True = may attend):
 key_padding_mask [B, S] True = ignore, so our mask = ~key_padding_mask[:, None, None, :];
 a boolean attn_mask [L, S] True = not allowed, so our mask = ~attn_mask; a float
 attn_mask is additive, so it is our `bias`. need_weights=True with
-average_attn_weights=False returns what we sow as intermediates/attention_weights.
+average_attn_weights=False returns what we sow as intermediates/attention_weights (the
+module is built with implementation="dense", which computes them, as torch does).
 
 torch is imported lazily: only this function needs it.
 """
@@ -70,5 +71,6 @@ def from_torch(module) -> tuple[MultiHeadAttention, dict[str, Any]]:
   params = {"query": projection(w_q, b_q), "key": projection(w_k, b_k),
             "value": projection(w_v, b_v), "out": out}
   layer = MultiHeadAttention(num_heads=heads, qkv_features=embed, out_features=embed,
-                             dropout_rate=float(module.dropout), use_bias=use_bias)
+                             dropout_rate=float(module.dropout), use_bias=use_bias,
+                             implementation="dense")   # torch returns the weights too
   return layer, {"params": params}

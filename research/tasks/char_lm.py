@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from research.attention import AttentionRequest, implementation_names, implementations
+from research.attention import implementation_names
 from research.data import python_corpus
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError, InputError
@@ -100,12 +100,6 @@ def validate(config) -> None:
                       "library directory (a Lib), or '' for the running interpreter's")
   if m.kind == "transformer":
     check_divides(config, "model.num_heads", "model.hidden_size")
-    request = AttentionRequest(window=(m.window, 0) if m.window else None, causal=True,
-                               dtype=m.dtype, platform=jax.default_backend())
-    try:
-      implementations.check(m.implementation, request)
-    except ValueError as error:
-      raise ConfigError(f"config.model.{error}") from None
 
 
 def load_corpus(config) -> python_corpus.Corpus:

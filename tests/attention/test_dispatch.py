@@ -3,6 +3,7 @@ that the choice is made when the call is traced and never changes the mathematic
 the cuDNN wrapper's translation of our pattern (run through jax.nn's XLA path on a CPU)."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,13 +14,13 @@ from research.attention import (
   MultiHeadAttention,
   Visibility,
   dot_product_attention,
-  implementations,
+  registry,
 )
-from research.kernels import cudnn
+from research.attention.kernels import cudnn
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
-Request = implementations.Request
+Request = registry.Request
 LONG = dict(q_len=2048, kv_len=2048)
 SHORT = dict(q_len=128, kv_len=128)
 
@@ -52,28 +53,28 @@ SHORT = dict(q_len=128, kv_len=128)
     ("cpu", Request(causal=True, return_weights=True, **LONG), "dense"),
 ])
 def test_auto_picks_by_the_table(platform, request_, chosen):
-  assert implementations.choose(request_._replace(platform=platform)).name == chosen
+  assert registry.choose(request_._replace(platform=platform)).name == chosen
 
 
 def test_auto_never_picks_an_interpreted_kernel():
-  for name in implementations.registered():
-    implementation = implementations.get(name)
+  for name in registry.registered():
+    implementation = registry.get(name)
     for platform in implementation.interpreted:
       request = Request(causal=True, platform=platform, **LONG)
-      assert implementations.choose(request).name != name
+      assert registry.choose(request).name != name
 
 
 @pytest.fixture
 def spies(monkeypatch):
   """Every registered implementation wrapped to record its calls, in a registry copy."""
   calls = []
-  registry = {}
-  for name, implementation in implementations._REGISTRY.items():
+  copy = {}
+  for name, implementation in registry._REGISTRY.items():
     def spy(*args, _name=name, _function=implementation.function, **kwargs):
       calls.append(_name)
       return _function(*args, **kwargs)
-    registry[name] = dataclasses.replace(implementation, function=spy)
-  monkeypatch.setattr(implementations, "_REGISTRY", registry)
+    copy[name] = dataclasses.replace(implementation, function=spy)
+  monkeypatch.setattr(registry, "_REGISTRY", copy)
   return calls
 
 
@@ -82,33 +83,55 @@ def _inputs(seed, length=300, heads=2, d=8, dtype=jnp.float32):
   return tuple(jnp.asarray(rng.standard_normal((1, length, heads, d)), dtype) for _ in range(3))
 
 
-def test_the_choice_is_made_when_the_call_is_traced(spies, monkeypatch):
-  """On a (mocked) TPU a bias makes auto leave splash, which has none: the bias is kept."""
+def _custom_calls(text: str) -> set[str]:
+  return set(re.findall(r'custom_call @([\w$.]+)', text))
+
+
+def test_the_choice_follows_the_lowering_platform(spies):
+  """One trace on this CPU: every platform's choice is staged and each lowering keeps its
+  own. A bias with a window leaves splash (no bias) and cuDNN (no window with a bias)."""
   q, k, v = _inputs(0)
   bias = jnp.asarray(np.random.default_rng(1).standard_normal((300, 300)), jnp.float32)
-  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-  out = jax.jit(lambda q: dot_product_attention(q, k, v, bias=bias, is_causal=True,
-                                                window=16))(q)
-  assert spies == ["banded"]
+  biased = jax.jit(lambda q: dot_product_attention(q, k, v, bias=bias, is_causal=True,
+                                                   window=16)).trace(q)
+  assert spies == ["banded", "pallas_gpu"]      # cpu and tpu share banded's branch
+  assert "tpu_custom_call" not in _custom_calls(biased.lower(lowering_platforms=("tpu",)).as_text())
+  assert "__gpu$xla.gpu.triton" in _custom_calls(
+      biased.lower(lowering_platforms=("cuda",)).as_text())
   expected = dot_product_attention(q, k, v, bias=bias, is_causal=True, window=16,
                                    implementation="dense")
-  np.testing.assert_allclose(out, expected, atol=2e-5)
+  np.testing.assert_allclose(biased.lower().compile()(q), expected, atol=2e-5)
+
+  q, k, v = _inputs(0, d=64)                                # splash takes multiples of 64
+  plain = jax.jit(lambda q: dot_product_attention(q, k, v, is_causal=True, window=16)).trace(q)
+  assert "tpu_custom_call" in _custom_calls(plain.lower(lowering_platforms=("tpu",)).as_text())
+  assert not _custom_calls(plain.lower(lowering_platforms=("cpu",)).as_text())
 
 
 def test_auto_is_the_default_everywhere(spies):
   q, k, v = _inputs(2)
   dot_product_attention(q, k, v, is_causal=True)
-  assert spies == ["chunked"]                                # kv_len 300 > 256 on a CPU
+  assert spies == ["chunked"]          # kv_len 300 > 256; run eagerly, only the CPU's branch
+  jax.jit(lambda q: dot_product_attention(q, k, v, is_causal=True)).trace(q)
+  # traced, every platform's choice: cpu and tpu (splash takes head dims of 64k) chunked
+  assert spies[1:] == ["chunked", "pallas_gpu"]
   assert MultiHeadAttention(num_heads=2).implementation == "auto"
 
 
-def test_multi_head_attention_sows_when_auto_picks_dense_and_drops_out_with_it(spies):
+def test_multi_head_attention_sows_when_it_computes_the_weights(spies):
+  """Named "dense", or "auto" with dropout on the weights (dense on every platform)."""
   x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 12, 16)), jnp.float32)
   module = MultiHeadAttention(num_heads=2, dropout_rate=0.5)
   params = module.init(jax.random.key(0), x)["params"]
   out, state = module.apply({"params": params}, x, mutable=["intermediates"])
+  assert "intermediates" not in state                        # auto: chosen per platform
+  dense = module.clone(implementation="dense")
+  _, state = dense.apply({"params": params}, x, mutable=["intermediates"])
   assert state["intermediates"]["attention_weights"][0].shape == (2, 2, 12, 12)
-  dropped = module.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.key(1)})
+  del spies[:]
+  dropped, state = module.apply({"params": params}, x, train=True, mutable=["intermediates"],
+                                rngs={"dropout": jax.random.key(1)})
+  assert state["intermediates"]["attention_weights"][0].shape == (2, 2, 12, 12)
   assert not np.allclose(dropped, out)
   assert set(spies) == {"dense"}
 
@@ -161,4 +184,4 @@ def test_cudnn_refuses_what_it_cannot_do_in_words(request_, reason):
   (refusal,) = cudnn.refusals(request_)
   assert reason in refusal
   with pytest.raises(ValueError, match="implementation='cudnn' cannot do this: .*" + reason[:8]):
-    implementations.check("cudnn", request_._replace(platform="gpu"))
+    registry.check("cudnn", request_._replace(platform="gpu"))

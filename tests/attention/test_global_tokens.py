@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.attention import dot_product_attention, implementations
+from research.attention import dot_product_attention, registry
 from research.attention.masks import Visibility
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -116,11 +116,11 @@ def test_traced_global_tokens_are_refused_before_tracing_the_kernel():
 
 
 def test_an_implementation_without_global_tokens_names_those_with_them():
-  request = implementations.Request(causal=True, window=(8, 0), global_tokens=True,
+  request = registry.Request(causal=True, window=(8, 0), global_tokens=True,
                                     dtype="bfloat16", platform="gpu", q_len=64, kv_len=64)
   with pytest.raises(ValueError, match=r"cannot do this: global tokens; implementations that "
                                        r"can: 'dense', 'chunked', 'banded', 'pallas_gpu'$"):
-    implementations.check("cudnn", request)
+    registry.check("cudnn", request)
 
 
 @pytest.mark.parametrize("pattern", [

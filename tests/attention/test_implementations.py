@@ -19,7 +19,8 @@ from research.attention import (
     register_implementation,
     registered_implementations,
 )
-from research.attention.implementations import FLOAT_DTYPES
+from research.attention import registry as attention_registry
+from research.attention.registry import FLOAT_DTYPES
 
 # Compared with jax.nn within 2e-5: full float32 products, not TF32.
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -30,7 +31,7 @@ B, Q, K, H, D = 2, 9, 11, 4, 8     # batch, q_len, kv_len, heads, head_dim
 @pytest.fixture
 def registry(monkeypatch):
   """A copy of the registry for one test, so that its registrations do not leak."""
-  monkeypatch.setattr(implementations, "_REGISTRY", dict(implementations._REGISTRY))
+  monkeypatch.setattr(attention_registry, "_REGISTRY", dict(attention_registry._REGISTRY))
 
 
 def _inputs(seed, kv_heads=H, dtype=jnp.float32):
@@ -66,7 +67,7 @@ def _visible(is_causal, window, lengths, mask):
 @pytest.mark.parametrize("name", registered_implementations())
 def test_every_registered_implementation_matches_jax_nn(name):
   """A case built from the implementation's own capabilities: all of them at once."""
-  impl = implementations.get(name)
+  impl = attention_registry.get(name)
   if jax.default_backend() in impl.interpreted:
     pytest.skip(f"{name} is interpreted here: tests/kernels tests it at small shapes")
   if impl.platforms is not None and jax.default_backend() not in impl.platforms:
@@ -167,7 +168,10 @@ def test_unsupported_names_what_is_missing(capabilities, request_, missing):
   assert impl.unsupported(request_) == missing
 
 
-def test_a_tpu_only_implementation_is_refused_on_cpu_and_called_on_a_tpu(registry, monkeypatch):
+def test_a_tpu_only_implementation_is_refused_for_a_cpu_and_lowered_for_a_tpu(registry,
+                                                                              monkeypatch):
+  """Named, it is traced (it runs on some platform); lowering for a CPU raises the refusal,
+  lowering for a TPU holds it; the error's alternatives are those of the platform."""
   calls = []
   register_implementation(Implementation(
       "tpu_kernel", _jax_nn(calls), mask=True, bias=True, key_value_seq_lengths=True, gqa=True,
@@ -178,23 +182,21 @@ def test_a_tpu_only_implementation_is_refused_on_cpu_and_called_on_a_tpu(registr
   assert registered_implementations()[-1] == "tpu_kernel"
   q, k, v = _inputs(4, kv_heads=2)
   lengths = jnp.array([K, 7])
-  attend = lambda: dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths,
-                                         implementation="tpu_kernel", block_size=5)
-  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  attend = lambda q: dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths,
+                                           implementation="tpu_kernel", block_size=5)
   with pytest.raises(ValueError, match=r"cannot do this: platform 'cpu' \(it runs on 'tpu'\)") as e:
-    attend()
+    attend(q)
   assert _able(str(e.value)) == "'dense', 'chunked'"
-  assert calls == []          # refused before its function was traced
-
+  traced = jax.jit(attend).trace(q)
+  with pytest.raises(attention_registry.ImplementationError, match="platform 'gpu'"):
+    traced.lower(lowering_platforms=("cuda",))
+  text = traced.lower(lowering_platforms=("tpu",)).as_text()
+  assert "stablehlo.dot_general" in text          # the kernel's (jax.nn's) program
+  assert calls[-1]["visibility"].right == 0 and calls[-1]["visibility"].left is None
+  assert calls[-1]["visibility"].kv_lengths is not None
+  assert (calls[-1]["block_size"], calls[-1]["return_weights"]) == (5, False)
+  # traced on a TPU, the custom kernel is among those that can do what banded cannot
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-  out = attend()
-  assert len(calls) == 1
-  assert calls[0]["visibility"].right == 0 and calls[0]["visibility"].left is None
-  np.testing.assert_array_equal(calls[0]["visibility"].kv_lengths, lengths)
-  assert (calls[0]["block_size"], calls[0]["return_weights"]) == (5, False)
-  expected = dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
-  np.testing.assert_allclose(out, expected, atol=2e-5)
-  # on a TPU the custom kernel is among those that can do what banded cannot
   with pytest.raises(ValueError, match="no window") as e:
     dot_product_attention(q, k, v, implementation="banded")
   assert _able(str(e.value)) == "'dense', 'chunked', 'tpu_kernel'"
@@ -202,7 +204,7 @@ def test_a_tpu_only_implementation_is_refused_on_cpu_and_called_on_a_tpu(registr
 
 def test_registrations_in_a_test_do_not_leak(monkeypatch):
   with monkeypatch.context() as patch:
-    patch.setattr(implementations, "_REGISTRY", dict(implementations._REGISTRY))
+    patch.setattr(attention_registry, "_REGISTRY", dict(attention_registry._REGISTRY))
     register_implementation(Implementation("leak", _jax_nn([])))
     assert "leak" in implementation_names()
   assert "leak" not in implementation_names()
@@ -225,7 +227,7 @@ def test_register_refuses_duplicates_and_bad_capabilities(registry):
     register_implementation(Implementation("dense", _jax_nn([])))
   replacement = Implementation("dense", _jax_nn([]), returns_weights=True)
   register_implementation(replacement, replace=True)
-  assert implementations.get("dense") is replacement
+  assert attention_registry.get("dense") is replacement
   with pytest.raises(ValueError, match="window must be one of"):
     Implementation("x", _jax_nn([]), window="sometimes")
   with pytest.raises(ValueError, match="dtypes must be a collection of names"):
@@ -266,17 +268,8 @@ def test_multi_head_attention_sows_by_the_returns_weights_capability(registry):
 
 
 def test_the_docstring_table_is_the_registry():
-  """The module docstring's table of registered implementations does not go stale."""
-  rows = [re.split(r"\s{2,}", line.strip()) for line in implementations.__doc__.splitlines()
-          if line.strip().split(" ")[0] in registered_implementations()]
-  yes = lambda flag: "yes" if flag else "no"
-  short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-  assert [row[0] for row in rows] == list(registered_implementations())
-  for name, mask, bias, window, global_tokens, lengths, gqa, dtypes, platforms, weights in rows:
-    impl = implementations.get(name)
-    assert [mask, bias, window, global_tokens, lengths, gqa, weights] == [
-        yes(impl.mask), yes(impl.bias), impl.window, yes(impl.global_tokens),
-        yes(impl.key_value_seq_lengths), yes(impl.gqa), yes(impl.returns_weights)]
-    assert set(dtypes.split(" ")) == {short[d] for d in impl.dtypes}
-    written = "all" if impl.platforms is None else " ".join(sorted(impl.platforms))
-    assert platforms == " ".join([written, *sorted(p + "*" for p in impl.interpreted)])
+  """implementations.py's docstring shows the table the registry renders (no stale copy)."""
+  table = attention_registry.capability_table().splitlines()
+  lines = [line[2:].rstrip() for line in implementations.__doc__.splitlines()]
+  start = lines.index(table[0])
+  assert lines[start:start + len(table)] == table

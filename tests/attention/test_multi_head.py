@@ -64,7 +64,7 @@ def test_matches_flax_multi_head_dot_product_attention(cross):
   kv = normal(1, (B, T + 2, 5)) if cross else None
   mask = normal(2, (B, 1, T, T + 2 if cross else T)) > -0.5
   mask = mask.at[..., 0].set(True)
-  ours = MultiHeadAttention(num_heads=H, out_features=6)
+  ours = MultiHeadAttention(num_heads=H, out_features=6, implementation="dense")
   params = init(ours, x, kv)
   out, state = jit_apply(ours, mutable=["intermediates"])({"params": params}, x, kv, mask=mask)
   theirs = nn.MultiHeadDotProductAttention(num_heads=H, out_features=6)

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.attention import dot_product_attention, implementations
+from research.attention import dot_product_attention, registry
+from research.attention.kernels import pallas_gpu
 from research.attention.masks import Visibility
-from research.kernels import pallas_gpu
 
 # Compared with jax.nn within 1e-5: full float32 products, not TF32 passes.
 # Interpret mode is slow: marked slow, so the suite starts these first.
@@ -65,11 +65,11 @@ def _reference(q, k, v, bias, visible, scale):
   return jnp.where(seeing, out, 0.0)
 
 
-def _ours(visibility, mask=None, block_size=16, **kwargs):
+def _ours(visibility, mask=None, block_size=16, interpret=True, **kwargs):
   """pallas_gpu_attention(q, k, v, bias) with the rest fixed (interpreted on the CPU)."""
   return lambda q, k, v, bias: pallas_gpu.pallas_gpu_attention(
       q, k, v, bias=bias, mask=mask, visibility=visibility, block_size=block_size,
-      return_weights=False, **kwargs)
+      return_weights=False, interpret=interpret, **kwargs)
 
 
 # Each case: shapes (batch, q_len, kv_len, H, H_kv, d) (and v's d_v), the pattern, the shape
@@ -194,8 +194,8 @@ def test_visit_lists():
 def test_registration_and_refusals():
   """Registered with its capabilities, interpreted on the CPU; refuses head dims above 256
   and block sizes Triton cannot tile."""
-  impl = implementations.get("pallas_gpu")
-  request = implementations.Request(mask=True, bias=True, window=(8, 8), global_tokens=True,
+  impl = registry.get("pallas_gpu")
+  request = registry.Request(mask=True, bias=True, window=(8, 8), global_tokens=True,
                                     key_value_seq_lengths=True, gqa=True, dtype="float16",
                                     platform="gpu", head_dim=256)
   assert not impl.unsupported(request)

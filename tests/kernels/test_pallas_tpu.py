@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.attention import dot_product_attention, implementations
+from research.attention import dot_product_attention, registry
+from research.attention.kernels import pallas_tpu
 from research.attention.masks import Visibility
-from research.kernels import pallas_tpu
 
 # Compared with jax.nn within 1e-5: full float32 products, not TF32 / bf16 passes.
 # Interpret mode is slow: marked slow, so the suite starts these first.
@@ -137,10 +137,10 @@ def test_tiles_agree_with_mask_function(pattern):
 
 
 def test_refusals_and_block_size():
-  request = implementations.Request(head_dim=48, platform="cpu", window=(8, 0), causal=True)
-  assert any("head dim 48" in r for r in implementations.get("pallas_tpu").unsupported(request))
-  assert not implementations.get("pallas_tpu").unsupported(request._replace(head_dim=128))
-  assert implementations.get("pallas_tpu").unsupported(request._replace(head_dim=128, bias=True))
+  request = registry.Request(head_dim=48, platform="cpu", window=(8, 0), causal=True)
+  assert any("head dim 48" in r for r in registry.get("pallas_tpu").unsupported(request))
+  assert not registry.get("pallas_tpu").unsupported(request._replace(head_dim=128))
+  assert registry.get("pallas_tpu").unsupported(request._replace(head_dim=128, bias=True))
   q = jnp.zeros((1, 128, 1, 64))
   with pytest.raises(ValueError, match="multiple of 128"):
     dot_product_attention(q, q, q, implementation="pallas_tpu", block_size=96)

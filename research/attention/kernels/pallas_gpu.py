@@ -67,7 +67,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from research.attention import implementations
+from research.attention import registry
 from research.attention.masks import Visibility
 
 Array = jax.Array
@@ -451,17 +451,15 @@ def _pad_pairwise(x: Array | None, q_len: int, kv_len: int) -> Array | None:
 
 def pallas_gpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, mask,
                          visibility: Visibility, block_size: int | None, return_weights: bool,
-                         interpret: bool | None = None) -> Array:
-  """The uniform implementation signature (see `research.attention.implementations`).
+                         interpret: bool) -> Array:
+  """The uniform implementation signature (see `research.attention.registry`).
 
   q: [batch, q_len, H, d]; k: [batch, kv_len, H_kv, d]; v: [batch, kv_len, H_kv, d_v];
   bias / mask: None or [batch | 1, H | 1, q_len | 1, kv_len | 1]. Returns
-  [batch, q_len, H, d_v] in q's dtype. `interpret`: None runs Triton on a GPU and Pallas'
-  interpreter elsewhere; False forces Triton (e.g. to lower for a GPU from a CPU).
+  [batch, q_len, H, d_v] in q's dtype. `interpret`: run Pallas' interpreter
+  (the dispatcher sets it for the CPU branch) instead of the Triton kernels.
   """
   del return_weights  # never asked for: returns_weights=False
-  if interpret is None:
-    interpret = jax.default_backend() != "gpu"
   batch, q_len, heads, head_dim = q.shape
   kv_len, d_v = k.shape[1], v.shape[3]
   if max(head_dim, d_v) > MAX_HEAD_DIM:
@@ -484,15 +482,15 @@ def pallas_gpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
   return out[:, :q_len, :, :d_v].astype(q.dtype)
 
 
-def refusals(request: implementations.Request) -> list[str]:
+def refusals(request: registry.Request) -> list[str]:
   """What of `request` this kernel cannot do beyond the registered capabilities, in words."""
   if request.head_dim > MAX_HEAD_DIM:
     return [f"head dim {request.head_dim} (pallas_gpu takes up to {MAX_HEAD_DIM})"]
   return []
 
 
-implementations.register(implementations.Implementation(
+registry.register(registry.Implementation(
     "pallas_gpu", pallas_gpu_attention, mask=True, bias=True, window="optional",
     global_tokens=True, key_value_seq_lengths=True, gqa=True,
     dtypes=frozenset({"float32", "bfloat16", "float16"}), platforms=frozenset({"gpu"}),
-    interpreted=frozenset({"cpu"}), refuses=refusals))
+    interpreted=frozenset({"cpu"}), refuses=refusals, auto_rank=0))

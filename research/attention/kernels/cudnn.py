@@ -17,8 +17,9 @@ in `research.attention`; cuDNN itself leaves such rows undefined.
 
 import jax
 import jax.numpy as jnp
+from jax._src.cudnn import fused_attention_stablehlo  # check_cudnn_version: no public API
 
-from research.attention import implementations
+from research.attention import registry
 from research.attention.masks import Visibility
 
 Array = jax.Array
@@ -40,7 +41,7 @@ def _rows_seeing_a_key(visibility: Visibility, mask: Array | None, batch: int, q
 
 def cudnn_attention(q, k, v, *, scale, bias, mask, visibility: Visibility, block_size,
                     return_weights):
-  """The uniform implementation signature (see `research.attention.implementations`)."""
+  """The uniform implementation signature (see `research.attention.registry`)."""
   del block_size, return_weights  # cuDNN picks its tiles; it returns no weights
   window = None if visibility.left is None else (visibility.left, 0)
   lengths = visibility.kv_lengths
@@ -54,7 +55,18 @@ def cudnn_attention(q, k, v, *, scale, bias, mask, visibility: Visibility, block
   return jnp.where(jnp.moveaxis(seeing, 1, 2), out, 0).astype(q.dtype)
 
 
-def refusals(request: implementations.Request) -> list[str]:
+def missing_here() -> str | None:
+  """Why cuDNN attention cannot be traced on this machine (jax.nn asks the library for its
+  version when the call is traced), or None."""
+  try:
+    fused_attention_stablehlo.check_cudnn_version()
+  except RuntimeError as error:
+    return (f"the cuDNN library, which tracing it needs, is not installed here ({error}; "
+            "pip install -e '.[cuda]' on a GPU machine, '.[aot]' to compile for one)")
+  return None
+
+
+def refusals(request: registry.Request) -> list[str]:
   """What of `request` cuDNN's fused kernel cannot do, in words."""
   reasons = []
   if request.head_dim % 8 or request.head_dim > MAX_HEAD_DIM:
@@ -71,7 +83,7 @@ def refusals(request: implementations.Request) -> list[str]:
   return reasons
 
 
-implementations.register(implementations.Implementation(
+registry.register(registry.Implementation(
     "cudnn", cudnn_attention, mask=True, bias=True, window="optional",
     key_value_seq_lengths=True, gqa=True, dtypes=frozenset({"bfloat16", "float16"}),
-    platforms=frozenset({"gpu"}), refuses=refusals))
+    platforms=frozenset({"gpu"}), refuses=refusals, auto_rank=0, missing_here=missing_here))

@@ -56,7 +56,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_mask,
 )
 
-from research.attention import implementations
+from research.attention import registry
 from research.attention.masks import Visibility
 
 Array = jax.Array
@@ -199,18 +199,16 @@ def sees_a_key(visibility: Visibility, batch: int, q_len: int, kv_len: int) -> A
 
 def pallas_tpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, mask,
                          visibility: Visibility, block_size: int | None, return_weights: bool,
-                         interpret: bool | None = None) -> Array:
-  """The uniform implementation signature (see `research.attention.implementations`).
+                         interpret: bool) -> Array:
+  """The uniform implementation signature (see `research.attention.registry`).
 
   q: [batch, q_len, H, d]; k: [batch, kv_len, H_kv, d]; v: [batch, kv_len, H_kv, d_v].
-  Returns [batch, q_len, H, d_v] in q's dtype. `interpret`: None runs Mosaic on a TPU and
-  Pallas' interpreter elsewhere; False forces Mosaic (e.g. to lower for a TPU from a CPU).
+  Returns [batch, q_len, H, d_v] in q's dtype. `interpret`: run Pallas' interpreter
+  (the dispatcher sets it for the CPU branch) instead of Mosaic.
   """
   del return_weights  # never asked for: returns_weights=False
   if bias is not None or mask is not None:
     raise ValueError("pallas_tpu takes no bias or mask (splash's masks are static)")
-  if interpret is None:
-    interpret = jax.default_backend() != "tpu"
   batch, q_len, heads, _ = q.shape
   kv_len = k.shape[1]
   dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
@@ -236,14 +234,15 @@ def pallas_tpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
   return out.astype(q.dtype)
 
 
-def refusals(request: implementations.Request) -> list[str]:
+def refusals(request: registry.Request) -> list[str]:
   """What of `request` splash cannot do beyond the registered capabilities, in words."""
   if request.head_dim % HEAD_DIM_MULTIPLE:
     return [f"head dim {request.head_dim} (pallas_tpu takes multiples of {HEAD_DIM_MULTIPLE})"]
   return []
 
 
-implementations.register(implementations.Implementation(
+registry.register(registry.Implementation(
     "pallas_tpu", pallas_tpu_attention, window="optional", global_tokens=True,
     key_value_seq_lengths=True, gqa=True, dtypes=frozenset({"float32", "bfloat16"}),
-    platforms=frozenset({"tpu"}), interpreted=frozenset({"cpu"}), refuses=refusals))
+    platforms=frozenset({"tpu"}), interpreted=frozenset({"cpu"}), refuses=refusals,
+    auto_rank=0))

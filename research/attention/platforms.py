@@ -1,0 +1,158 @@
+"""Choosing per lowering platform: one traced call, a different program for each target.
+
+JAX decides the platform late: `jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`
+lowers for a TPU from a CPU machine, and `jax.export(f, platforms=("cpu", "cuda", "tpu"))`
+lowers for all three into one artifact. `per_platform(branches, *args)` stages a branch
+per platform with `jax.lax.platform_dependent`, so the choice follows the lowering
+platform, never the host's backend.
+
+Two things `platform_dependent` alone does not give, done here:
+
+  lowered only for its own platform   A branch holding a platform's kernel (a Mosaic or
+      Triton `pallas_call`, cuDNN's custom call) cannot be lowered for any other platform,
+      yet a multi-platform lowering lowers every branch for every platform.
+      `only_on(platform, fn)` wraps the kernel in a primitive (`lowered_for`) whose
+      lowering rule lowers its body for `platform` alone; under `custom_vjp`, so its
+      forward and backward are each lowered that way and it needs no derivative rules.
+  a refusal at lowering   A named implementation that cannot run on some platform is a
+      branch (`refusal(message)`) whose lowering raises ImplementationError(message): the call
+      traces, lowers for the platforms that can run it, and fails, naming why, only when
+      lowered for one that cannot.
+"""
+
+from collections.abc import Callable
+
+import jax
+from jax.extend import core as jex_core
+from jax.interpreters import batching, mlir
+
+from research.attention import registry
+
+# Lowering platforms (as `lowering_platforms=` and `platform_dependent` name them) and the
+# capability names of `registry.PLATFORMS`; ROCm GPUs take the default branch (the CPU's
+# portable choice): no kernel here is built or tested for them.
+LOWERING = {"cpu": "cpu", "cuda": "gpu", "tpu": "tpu"}
+
+lowered_for_p = jex_core.Primitive("lowered_for")
+lowered_for_p.multiple_results = True
+refusal_p = jex_core.Primitive("attention_refusal")
+refusal_p.multiple_results = True
+
+
+def _lowered_for_abstract_eval(*avals, jaxpr, platform):
+  del avals, platform
+  return jaxpr.out_avals
+
+
+def _lowered_for_lowering(ctx, *args, jaxpr, platform):
+  """The body lowered for `platform` only (its kernels have no rule for the others)."""
+  body = mlir.lower_fun(jex_core.jaxpr_as_fun(jaxpr), multiple_results=True)
+  return body(ctx.replace(platforms=(platform,)), *args)
+
+
+def _lowered_for_batching(args, dims, *, jaxpr, platform):
+  in_axes = [None if d is batching.not_mapped else d for d in dims]
+  batched = jax.vmap(jex_core.jaxpr_as_fun(jaxpr), in_axes=in_axes)
+  out = _bind(platform, batched, args)
+  return out, [0] * len(out)
+
+
+lowered_for_p.def_abstract_eval(_lowered_for_abstract_eval)
+lowered_for_p.def_impl(lambda *args, jaxpr, platform: jax.jit(
+    lambda *a: lowered_for_p.bind(*a, jaxpr=jaxpr, platform=platform))(*args))
+mlir.register_lowering(lowered_for_p, _lowered_for_lowering)
+batching.primitive_batchers[lowered_for_p] = _lowered_for_batching
+
+
+def _bind(platform: str, fn: Callable, flat_args) -> list:
+  """fn(*flat_args) (flat lists of arrays) as one `lowered_for` equation."""
+  closed = jax.make_jaxpr(fn)(*flat_args)
+  return list(lowered_for_p.bind(*flat_args, jaxpr=closed, platform=platform))
+
+
+def _call(platform: str, fn: Callable, *args):
+  """fn(*args) for pytrees of arrays, as one `lowered_for` equation (fn traced once)."""
+  flat, tree = jax.tree.flatten(args)
+  out_trees = []
+
+  def flat_fn(*leaves):
+    out, out_tree = jax.tree.flatten(fn(*jax.tree.unflatten(tree, leaves)))
+    out_trees.append(out_tree)
+    return out
+
+  out = _bind(platform, flat_fn, flat)
+  return jax.tree.unflatten(out_trees[0], out)
+
+
+def only_on(platform: str, fn: Callable) -> Callable:
+  """fn(diff, rest) -> out, lowered for `platform` alone, differentiable in `diff` (a
+  pytree of float arrays, e.g. (q, k, v, bias)); `rest` (masks, lengths) gets no cotangent.
+  Forward and backward are fn's own (its VJP, residuals included), each lowered for
+  `platform` only."""
+
+  @jax.custom_vjp
+  def run(diff, rest):
+    return _call(platform, fn, diff, rest)
+
+  def forward(diff, rest):
+    def with_pullback(diff, rest):
+      out, pullback = jax.vjp(lambda d: fn(d, rest), diff)
+      return out, pullback                  # a pytree: residuals are its leaves
+    out, pullback = _call(platform, with_pullback, diff, rest)
+    return out, pullback
+
+  def backward(pullback, cotangent):
+    (d_diff,) = _call(platform, lambda p, c: p(c), pullback, cotangent)
+    return d_diff, None
+
+  run.defvjp(forward, backward)
+  return run
+
+
+def _refusal_abstract_eval(*avals, message, out_avals):
+  del avals, message
+  return out_avals
+
+
+def _refusal_lowering(ctx, *args, message, out_avals):
+  del ctx
+  _refusal_impl(*args, message=message, out_avals=out_avals)
+
+
+def _refusal_impl(*args, message, out_avals):
+  del args, out_avals
+  raise registry.ImplementationError(message)
+
+
+refusal_p.def_abstract_eval(_refusal_abstract_eval)
+refusal_p.def_impl(_refusal_impl)
+mlir.register_lowering(refusal_p, _refusal_lowering)
+batching.primitive_batchers[refusal_p] = lambda args, dims, **params: (
+    refusal_p.bind(*args, **params), [batching.not_mapped] * len(params["out_avals"]))
+
+
+def refusal(message: str, out_shape) -> Callable:
+  """A branch shaped like `out_shape` (a pytree of ShapeDtypeStructs) whose lowering raises
+  ValueError(message)."""
+  leaves, tree = jax.tree.flatten(out_shape)
+  avals = tuple(jax.core.ShapedArray(x.shape, x.dtype) for x in leaves)
+
+  def branch(*args):
+    del args
+    return jax.tree.unflatten(tree, refusal_p.bind(message=message, out_avals=avals))
+
+  return branch
+
+
+def per_platform(branches: dict[str, Callable], *args):
+  """`branches[p](*args)` for the lowering platform p ("cpu", "cuda", "tpu"; others take
+  the "cpu" branch). Identical branches are staged once; a single distinct branch is
+  called directly."""
+  if len({id(b) for b in branches.values()}) == 1:
+    return next(iter(branches.values()))(*args)
+  return jax.lax.platform_dependent(*args, default=branches["cpu"], **branches)
+
+
+def host() -> str:
+  """The capability name of the platform calls are traced on (a fallback for messages)."""
+  return {"gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}.get(jax.default_backend(), "cpu")
