@@ -12,27 +12,32 @@ Exit status: 0 done (or stopped by SIGTERM after saving a checkpoint), 1 the run
 (a non-finite loss, a failed save), 2 a user error, 130 stopped by Ctrl-C after saving.
 """
 
-import datetime
-import importlib.util
-import json
-import logging as python_logging
-import os
-import signal
 import sys
-import threading
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from research import quiet_start
 
-from research import tasks
-from research.errors import ConfigError, RunFailed, UserError
-from research.training import Stopped, distributed, run_sweep, train_and_evaluate
-from research.training.validation import parse_value
+VERBOSE_FLAG = "--verbose"
+
+with quiet_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on import
+  import datetime
+  import importlib.util
+  import json
+  import logging as python_logging
+  import os
+  import signal
+  import threading
+
+  import jax
+  from absl import app, flags, logging
+  from ml_collections import config_flags
+
+  from research import tasks
+  from research.errors import ConfigError, RunFailed, UserError
+  from research.training import Stopped, distributed, run_sweep, train_and_evaluate
+  from research.training.validation import parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
-VERBOSE_FLAG = "--verbose"
-
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
 flags.DEFINE_bool("verbose", False, "show tracebacks and the libraries' INFO logs")
@@ -109,6 +114,22 @@ def quiet_libraries() -> None:
   sys.unraisablehook = lambda unraisable: None    # e.g. a flush at exit on a full disk
 
 
+def start_backends(verbose: bool) -> None:
+  """Starts JAX's backends, their plugins' logs held back unless --verbose; shown when JAX
+  fell back to the CPU although a GPU or TPU is visible (its log says why)."""
+  with quiet_start.held_back(not verbose) as log:
+    jax.devices()
+  if jax.default_backend() == "cpu" and log.text and _accelerator_visible():
+    sys.stderr.write(log.text)
+
+
+def _accelerator_visible() -> bool:
+  """An NVIDIA GPU or a TPU chip is on this machine (JAX's own probe, which starts nothing)."""
+  from jax._src import hardware_utils  # noqa: PLC0415 - no public API for this probe
+  return hardware_utils.has_visible_nvidia_gpu() or (
+      hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0)
+
+
 def parse_flags(argv: list[str]):
   """absl's parsing; a flag it rejects exits with status 2 like a bad config value."""
   try:
@@ -127,6 +148,7 @@ def main(config, module, name: str, verbose: bool) -> None:
   try:
     task = tasks.get(config.task)
     distributed.initialize(config)
+    start_backends(verbose)
     if _SWEEP.value:
       if not hasattr(module, "get_sweep"):
         raise ConfigError(f"{module.__file__} defines no get_sweep(); --sweep needs one")

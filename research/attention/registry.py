@@ -34,6 +34,8 @@ it returns out [batch, q_len, H, d_v] in q's dtype, or (out, weights float32
 capabilities allow.
 """
 
+import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -49,6 +51,31 @@ FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 WINDOW_SUPPORT = ("unsupported", "optional", "required")
 PLATFORMS = ("cpu", "gpu", "tpu")      # capability names of the platforms "auto" chooses for
 AUTO = "auto"
+
+
+_GPU_CAPABILITY = contextvars.ContextVar("gpu_capability", default=None)
+
+
+@contextlib.contextmanager
+def compiling_for_gpu(capability: tuple[int, int]):
+  """Within it, "gpu" means a GPU of this compute capability (e.g. (7, 5) for a T4): what
+  a deviceless compile for that GPU traces with (`research.aot`)."""
+  token = _GPU_CAPABILITY.set(tuple(capability))
+  try:
+    yield
+  finally:
+    _GPU_CAPABILITY.reset(token)
+
+
+def gpu_capability() -> tuple[int, int] | None:
+  """The compute capability "gpu" stands for: the one `compiling_for_gpu` sets, else this
+  machine's GPU's, else None (unknown: any)."""
+  if _GPU_CAPABILITY.get() is not None:
+    return _GPU_CAPABILITY.get()
+  if jax.default_backend() == "gpu":
+    major, _, minor = str(jax.devices()[0].compute_capability).partition(".")
+    return int(major), int(minor or 0)
+  return None
 
 
 class ImplementationError(ValueError):

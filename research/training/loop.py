@@ -15,6 +15,7 @@ What a run guarantees:
 """
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -22,7 +23,6 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -31,6 +31,7 @@ from research.errors import ConfigError, RunFailed
 from research.training import parallel, plots
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
+from research.training.compile import CompiledPerShape, compile_checked, memory_bytes
 from research.training.metrics import MetricsWriter, NonFiniteLossError, Progress
 from research.training.task import TaskBuilder
 from research.training.train_step import (
@@ -86,34 +87,20 @@ def train(config, workdir: str, task: TaskBuilder) -> dict:
   malformed data file), CheckpointMismatchError, Stopped, or a RunFailed.
   """
   with workdirs.hold(workdir):
-    _write_config(config, workdir)
+    _check_config(config, workdir)
     return _train(config, workdir, task)
 
 
 def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   train, started = config.train, time.perf_counter()
 
-  # ---- Task, optimizer, initial state --------------------------------------------------
+  # ---- Task, optimizer, the steps compiled from shapes (refusals before anything runs) ---
   strategy = parallel.make_strategy(train.parallelism)
   task = task_builder.build(config)
-  _write_files(task.files, workdir)
   optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
-  state = jax.jit(lambda rng: init_state(task, optimizer, rng),
-                  out_shardings=strategy.state_sharding)(init_rng)
-
-  # ---- Resume -------------------------------------------------------------------------
-  checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), train.keep_checkpoints)
-  start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
-  if restored is not None:
-    start, state, unlogged = restored.step, restored.state, _from_json(restored.unlogged_metrics)
-    task.train_data.set_state(restored.data)
-    if jax.process_index() == 0:
-      print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
-  writer = MetricsWriter(workdir, resume_step=start)
-  state = strategy.put_state(state)
-
-  # ---- Compile --------------------------------------------------------------------------
+  init = lambda rng: init_state(task, optimizer, rng)
+  shapes = strategy.abstract_state(jax.eval_shape(init, init_rng))
   traces = []
   step_fn = make_train_step(task, optimizer, schedule, step_rng, strategy.axis_name)
 
@@ -121,15 +108,35 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
     traces.append(1)
     return step_fn(state, batch)
 
-  batch = strategy.put_batch(next(task.train_data))
-  train_step = _CompiledPerShape(lambda b: strategy.compile_step(traced_step, state, b))
-  train_step.compile(batch)
-  eval_step = _CompiledPerShape(lambda b: strategy.compile_eval(
-      make_eval_step(task, strategy.axis_name), state.params, b))
+  device = jax.local_devices()[0]
+  checked = functools.partial(compile_checked, limit=memory_bytes(device),
+                              where=f"a {device.platform} device ({device.device_kind})",
+                              batch_size=train.batch_size)
+  train_step = CompiledPerShape(lambda b: checked("train", lambda: strategy.compile_step(
+      traced_step, shapes, strategy.abstract_batch(b))))
+  eval_step = CompiledPerShape(lambda b: checked("eval", lambda: strategy.compile_eval(
+      make_eval_step(task, strategy.axis_name), shapes.params, strategy.abstract_batch(b))))
+  host_batch = next(task.train_data)
+  train_step.compile(host_batch)
+  eval_step.compile(task.eval_data[0])
+  _write_config(config, workdir)
+  _write_files(task.files, workdir)
+  state = jax.jit(init, out_shardings=strategy.state_sharding)(init_rng)
+
+  # ---- Resume -------------------------------------------------------------------------
+  checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), train.keep_checkpoints)
+  start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
+  if restored is not None:
+    start, state, unlogged = restored.step, restored.state, _from_json(restored.unlogged_metrics)
+    task.train_data.set_state(restored.data)
+    host_batch = next(task.train_data)
+    if jax.process_index() == 0:
+      print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
+  writer = MetricsWriter(workdir, resume_step=start)
+  state = strategy.put_state(state)
 
   def evaluate(state) -> dict:
-    batches = [strategy.put_batch(b) for b in task.eval_data]
-    sums = [eval_step.compile(b)(state.params, b) for b in batches]
+    sums = [eval_step.compile(b)(state.params, strategy.put_batch(b)) for b in task.eval_data]
     sums = jax.device_get([strategy.host_metrics(s) for s in sums])
     return {f"eval/{name}": float(sum(s[name][0] for s in sums) / sum(s[name][1] for s in sums))
             for name in sums[0]}
@@ -140,8 +147,8 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
     try:
       for step in range(start + 1, train.num_steps + 1):
         if step > start + 1:
-          batch = strategy.put_batch(next(task.train_data))
-        state, metrics = train_step.compile(batch)(state, batch)
+          host_batch = next(task.train_data)
+        state, metrics = train_step.compile(host_batch)(state, strategy.put_batch(host_batch))
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
         stopping = stop.signum   # read once: a signal arriving later in the step waits a step
@@ -186,32 +193,6 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
     with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
       json.dump(final, f, indent=2)
   return final
-
-
-class _CompiledPerShape:
-  """A step compiled once per distinct batch shape (one per length bucket, say)."""
-
-  def __init__(self, compile_for: Callable):
-    self.compile_for, self.compiled, self.seconds = compile_for, {}, []
-
-  def compile(self, batch) -> Callable:
-    """The executable for batch's shapes, compiling it on first sight."""
-    key = tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch))
-    if key not in self.compiled:
-      start = time.perf_counter()
-      self.compiled[key] = self.compile_for(batch)
-      self.seconds.append(time.perf_counter() - start)
-    return self.compiled[key]
-
-  def memory_mib(self) -> float:
-    """XLA's estimate of the largest compiled step's memory on one device: arguments,
-    outputs and temporaries, less the donated buffers the outputs reuse."""
-    sizes = []
-    for compiled in self.compiled.values():
-      m = compiled.memory_analysis()
-      sizes.append(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                   - m.alias_size_in_bytes)
-    return max(sizes) / 2**20
 
 
 def _peak_memory_mib() -> dict:
@@ -285,8 +266,8 @@ def _stop_signals():
       signal.signal(s, handler)
 
 
-def _write_config(config, workdir: str) -> None:
-  """Writes config.json; a workdir of a different run (other than RESUMABLE_KEYS) is refused."""
+def _check_config(config, workdir: str) -> None:
+  """A workdir of a different run (other than RESUMABLE_KEYS) is refused."""
   path = os.path.join(workdir, "config.json")
   new = json.loads(config.to_json_best_effort())
   if os.path.exists(path):
@@ -297,6 +278,12 @@ def _write_config(config, workdir: str) -> None:
     if changed:
       raise ConfigError(f"workdir {workdir} holds a run with a different config (keys "
                         f"{', '.join(changed)}); use a new --workdir")
+
+
+def _write_config(config, workdir: str) -> None:
+  """Writes config.json (once the steps compiled: a refused run leaves the workdir as it was)."""
+  path = os.path.join(workdir, "config.json")
+  new = json.loads(config.to_json_best_effort())
   if jax.process_index() == 0:
     with open(f"{path}.tmp", "w") as f:      # whole or not at all: other hosts read it
       json.dump(new, f, indent=2)

@@ -30,8 +30,10 @@ class MeshStrategy:
   """`jit` with explicit shardings: state replicated, batch split along a 1-D mesh."""
   axis_name = None      # jit sees global arrays: means over the batch are already global
 
-  def __init__(self):
-    self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
+  def __init__(self, devices=None):
+    """Over `devices` (default: every device of every process; compile-only devices of a
+    target for `research.training.compile_only`)."""
+    self.mesh = Mesh(np.array(jax.devices() if devices is None else devices), (AXIS,))
     self.replicated = NamedSharding(self.mesh, PartitionSpec())
     self.split = NamedSharding(self.mesh, PartitionSpec(AXIS))
     self.state_sharding = self.replicated   # where init and restore place the state
@@ -42,6 +44,16 @@ class MeshStrategy:
   def put_batch(self, batch: dict):
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x),
                         host_rows(batch))
+
+  def abstract_state(self, shapes):
+    """ShapeDtypeStructs of the state as put_state places it."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                       sharding=self.replicated), shapes)
+
+  def abstract_batch(self, batch: dict):
+    """ShapeDtypeStructs of a global batch as put_batch places it."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.split),
+                        batch)
 
   def compile_step(self, step: Callable, state, batch) -> Callable:
     return jax.jit(step, in_shardings=(self.replicated, self.split),
@@ -75,6 +87,16 @@ class PmapStrategy:
     # pmap's own layout: the leading axis split over the devices (what jax >= 0.11 expects
     # of committed arguments)
     self.stacked = NamedSharding(Mesh(np.array(self.devices), (AXIS,)), PartitionSpec(AXIS))
+
+  def abstract_state(self, shapes):
+    count = len(self.devices)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((count, *x.shape), x.dtype,
+                                                       sharding=self.stacked), shapes)
+
+  def abstract_batch(self, batch: dict):
+    count = len(self.devices)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        (count, x.shape[0] // count, *x.shape[1:]), x.dtype, sharding=self.stacked), batch)
 
   def put_state(self, state):
     """A copy per device along a new leading axis, which pmap splits over the devices."""

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -130,8 +131,12 @@ def test_a_checkpoint_of_another_model_stops_the_run_and_moves_nothing(tmp_path,
   train_and_evaluate(tiny.config(), workdir, tiny.task())
   before = _tree(tmp_path)
   task = tiny.task()
-  edited = task._replace(build=lambda config: (lambda t: t._replace(
-      init=lambda rng: change(t.init(rng))))(task.build(config)))
+  total = lambda params: sum(jnp.sum(x) for x in jax.tree.leaves(params))   # any structure
+  edited = task._replace(build=lambda config: task.build(config)._replace(
+      init=lambda rng: change(task.build(config).init(rng)),
+      loss=lambda params, batch, rng: (total(params), {}),
+      evaluate=lambda params, batch: {"total": (total(params) + 0 * batch["weight"],
+                                                batch["weight"])}))
   with pytest.raises(CheckpointMismatchError, match="checkpoint at step 60 .* does not match "
                                                     "the model: " + message):
     train_and_evaluate(tiny.config(**{"train.num_steps": 80}), workdir, edited)

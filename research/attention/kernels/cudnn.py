@@ -6,6 +6,7 @@ terms: causal → `is_causal`, a causal window (left, 0) → `local_window_size=
 → cuDNN's bias. What cuDNN cannot do is refused before tracing (see `refusals`), so the
 dispatcher (`implementation="auto"`) goes on to our Pallas kernel instead:
 
+  a GPU of compute capability 8.0 or newer (not a T4: 7.5; `registry.gpu_capability`);
   bfloat16 / float16 only; head dim a multiple of 8, at most 128 (256 needs Hopper, which
   cannot be told before tracing); no two-sided window, no window with a bias or mask, no
   global tokens; causal only with q_len = kv_len (cuDNN's alignment of a rectangular causal
@@ -24,6 +25,7 @@ from research.attention.masks import Visibility
 
 Array = jax.Array
 MAX_HEAD_DIM = 128
+MIN_CAPABILITY = (8, 0)   # Ampere: cuDNN's flash attention (jax.nn checks only a local GPU)
 
 
 def _rows_seeing_a_key(visibility: Visibility, mask: Array | None, batch: int, q_len: int,
@@ -69,6 +71,10 @@ def missing_here() -> str | None:
 def refusals(request: registry.Request) -> list[str]:
   """What of `request` cuDNN's fused kernel cannot do, in words."""
   reasons = []
+  capability = registry.gpu_capability()
+  if request.platform == "gpu" and capability is not None and capability < MIN_CAPABILITY:
+    reasons.append(f"a GPU of compute capability {capability[0]}.{capability[1]} (cuDNN's "
+                   f"flash attention needs {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer)")
   if request.head_dim % 8 or request.head_dim > MAX_HEAD_DIM:
     reasons.append(f"head dim {request.head_dim} (cuDNN takes multiples of 8 up to "
                    f"{MAX_HEAD_DIM})")

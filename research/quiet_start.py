@@ -1,0 +1,48 @@
+"""Keeping JAX's start-up logs off the terminal (imports nothing of JAX itself).
+
+A JAX with compile-only toolchains installed (the `aot` extra: the CUDA plugin, libtpu)
+logs from C++ to file descriptor 2 when it is imported and when its backends start on a
+machine without those accelerators ("Could not find cuda drivers", "could not determine
+TPU accelerator type"). `launch.py` promises one line per user error, so without
+`--verbose` it runs those two moments inside `held_back()`: what is written to fd 2 goes
+to a temporary file, shown only if the start fails or falls back to the CPU while an
+accelerator is visible (then it says why).
+"""
+
+import contextlib
+import os
+import sys
+import tempfile
+
+
+class HeldBack:
+  text: str = ""        # what was written to fd 2 inside the block
+
+
+@contextlib.contextmanager
+def held_back(active: bool = True):
+  """fd 2 into a temporary file while the block runs (when `active`); yields a HeldBack
+  whose `text` holds it afterwards. An exception in the block shows it at once."""
+  held = HeldBack()
+  if not active:
+    yield held
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as log:
+    os.dup2(log.fileno(), 2)
+    try:
+      yield held
+    except BaseException:
+      _restore(saved, log, held)
+      sys.stderr.write(held.text)
+      raise
+    _restore(saved, log, held)
+
+
+def _restore(saved: int, log, held: HeldBack) -> None:
+  sys.stderr.flush()
+  os.dup2(saved, 2)
+  os.close(saved)
+  log.seek(0)
+  held.text = log.read().decode("utf-8", "replace")

@@ -1,0 +1,123 @@
+"""Compiling the train and eval steps from shapes alone, refusing what cannot run.
+
+Every step the loop runs, and every step `--compile_only` reports, is compiled here from
+ShapeDtypeStructs of the state and the batch (nothing is initialised or transferred
+first), so that before the first step:
+
+  an implementation that cannot do the request   the attention registry's refusal, raised
+      (named kernel, head dim, …)                 when the step is traced or lowered for
+                                                  the device's platform → ConfigError
+  a step that does not fit one device            XLA's per-device bytes against the
+                                                  device's memory → ConfigError naming both
+
+`memory_bytes(device)` is the device's own limit (GPU / TPU: the allocator's bytes_limit)
+or, on a CPU, the memory the machine has available, shared by its CPU devices.
+"""
+
+import os
+import re
+import time
+from collections.abc import Callable
+
+import jax
+
+from research.aot import report
+from research.attention.registry import ImplementationError
+from research.errors import ConfigError
+
+GIB = 2**30
+
+
+def memory_bytes(device) -> int | None:
+  """The memory one step may use on `device` (None when nothing tells)."""
+  stats = None
+  try:
+    stats = device.memory_stats()
+  except Exception:  # noqa: BLE001 - compile-only and some CPU devices have none
+    pass
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  if device.platform == "cpu":
+    available = _available_ram()
+    return None if available is None else available // max(1, jax.local_device_count("cpu"))
+  return None
+
+
+def _available_ram() -> int | None:
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      found = re.search(r"MemAvailable:\s+(\d+) kB", f.read())
+    if found:
+      return int(found.group(1)) * 1024
+  except OSError:
+    pass
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def gib(n: int) -> str:
+  return f"{n / GIB:.2f} GiB"
+
+
+class CompiledStep:
+  """One step compiled for one batch shape, with what it needs per device."""
+
+  def __init__(self, executable, seconds: float, memory: dict[str, int]):
+    self.executable, self.seconds, self.memory = executable, seconds, memory
+
+  def __call__(self, *args):
+    return self.executable(*args)
+
+
+def compile_checked(what: str, compile_step: Callable[[], object], *, limit: int | None,
+                    where: str, batch_size: int) -> CompiledStep:
+  """compile_step() -> XLA executable, its refusals as one-line ConfigErrors.
+
+  what: "train" or "eval"; limit: bytes one device has (None: not checked); where: the
+  device, in words, for the message; batch_size: config.train.batch_size, for the hint.
+  """
+  start = time.perf_counter()
+  try:
+    executable = compile_step()
+  except ImplementationError as error:
+    raise ConfigError(f"config.model.{error}") from None
+  except Exception as error:  # noqa: BLE001 - XLA's over-memory refusal (TPU) is a RuntimeError
+    needed = re.search(r"(RESOURCE_EXHAUSTED|exceeds available|Out of memory)[^\n]*", str(error))
+    if needed is None:
+      raise
+    raise ConfigError(f"the {what} step does not fit {where}: XLA says {needed.group(0)[:300]}; "
+                      f"reduce config.train.batch_size (now {batch_size}), the model or the "
+                      "sequence length, or use more devices") from None
+  memory = report.memory(executable)
+  if limit is not None and memory["total"] > limit:
+    raise ConfigError(
+        f"the {what} step needs {gib(memory['total'])} per device (arguments "
+        f"{gib(memory['argument'])}, temporaries {gib(memory['temp'])}) but {where} has "
+        f"{gib(limit)}; reduce config.train.batch_size (now {batch_size}), the model or the "
+        "sequence length, or use more devices")
+  return CompiledStep(executable, time.perf_counter() - start, memory)
+
+
+class CompiledPerShape:
+  """A step compiled once per distinct batch shape (one per length bucket, say)."""
+
+  def __init__(self, compile_for: Callable[[object], CompiledStep]):
+    self.compile_for, self.compiled = compile_for, {}
+
+  def compile(self, batch) -> CompiledStep:
+    """The executable for batch's shapes, compiling it on first sight."""
+    key = tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch))
+    if key not in self.compiled:
+      self.compiled[key] = self.compile_for(batch)
+    return self.compiled[key]
+
+  @property
+  def seconds(self) -> list[float]:
+    return [step.seconds for step in self.compiled.values()]
+
+  def memory_mib(self) -> float:
+    """XLA's estimate of the largest compiled step's memory on one device: arguments,
+    outputs, temporaries and code, less the donated buffers the outputs reuse."""
+    return max(step.memory["total"] for step in self.compiled.values()) / 2**20
