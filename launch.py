@@ -14,11 +14,11 @@ Exit status: 0 done (or stopped by SIGTERM after saving a checkpoint), 1 the run
 
 import sys
 
-from research import quiet_start
+from research import jax_start
 
 VERBOSE_FLAG = "--verbose"
 
-with quiet_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on import
+with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on import
   import datetime
   import importlib.util
   import json
@@ -32,14 +32,19 @@ with quiet_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log 
   from ml_collections import config_flags
 
   from research import tasks
+  from research.aot import targets
   from research.errors import ConfigError, RunFailed, UserError
   from research.training import Stopped, distributed, run_sweep, train_and_evaluate
-  from research.training.validation import parse_value
+  from research.training.compile_only import compile_only, table, target_devices
+  from research.training.validation import check_shared, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
+_COMPILE_ONLY = flags.DEFINE_string(
+    "compile_only", None, "compile the train and eval steps for TARGET (no such device needed: "
+    f"{', '.join(targets.TARGETS)}), write compile_report.json, train nothing")
 flags.DEFINE_bool("verbose", False, "show tracebacks and the libraries' INFO logs")
 
 
@@ -115,19 +120,11 @@ def quiet_libraries() -> None:
 
 
 def start_backends(verbose: bool) -> None:
-  """Starts JAX's backends, their plugins' logs held back unless --verbose; shown when JAX
-  fell back to the CPU although a GPU or TPU is visible (its log says why)."""
-  with quiet_start.held_back(not verbose) as log:
+  """Starts JAX's backends (the CPU alone where no accelerator is visible), their plugins'
+  logs held back unless --verbose."""
+  jax_start.cpu_unless_accelerators()
+  with jax_start.held_back(not verbose):
     jax.devices()
-  if jax.default_backend() == "cpu" and log.text and _accelerator_visible():
-    sys.stderr.write(log.text)
-
-
-def _accelerator_visible() -> bool:
-  """An NVIDIA GPU or a TPU chip is on this machine (JAX's own probe, which starts nothing)."""
-  from jax._src import hardware_utils  # noqa: PLC0415 - no public API for this probe
-  return hardware_utils.has_visible_nvidia_gpu() or (
-      hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0)
 
 
 def parse_flags(argv: list[str]):
@@ -143,10 +140,20 @@ def main(config, module, name: str, verbose: bool) -> None:
   """Trains config's task (or every point of the module's sweep) into --workdir."""
   if not verbose:
     quiet_libraries()
+  suffix = f"-{_COMPILE_ONLY.value}" if _COMPILE_ONLY.value else ""
   workdir = _WORKDIR.value or os.path.join(
-      ROOT, "runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+      ROOT, "runs", f"{name}{suffix}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   try:
     task = tasks.get(config.task)
+    if _COMPILE_ONLY.value:
+      start_backends(verbose)
+      check_shared(config)
+      task.validate(config)
+      with jax_start.held_back(not verbose):     # libtpu logs when its topology starts
+        target_devices(_COMPILE_ONLY.value)
+      print(table(compile_only(config, workdir, task, _COMPILE_ONLY.value)))
+      print(f"report: {os.path.join(workdir, 'compile_report.json')}")
+      return
     distributed.initialize(config)
     start_backends(verbose)
     if _SWEEP.value:

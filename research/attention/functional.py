@@ -151,7 +151,8 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
       # under "auto" a platform's kernel picks its own tiles: block_size is the strategies'
       tiles = dict(block_size=None) if native and implementation == registry.AUTO else {}
       branch = functools.partial(call, chosen, interpret, **tiles)
-      made[key] = platforms.only_on(lowering, branch) if native else branch
+      made[key] = (platforms.over_the_batch(platforms.only_on(lowering, branch)) if native
+                   else branch)
     branches[lowering] = made[key]
   return platforms.per_platform(branches, (q, k, v, bias), (mask, visibility.kv_lengths))
 

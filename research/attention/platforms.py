@@ -25,6 +25,7 @@ from collections.abc import Callable
 import jax
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
+from jax.sharding import PartitionSpec
 
 from research.attention import registry
 
@@ -107,6 +108,26 @@ def only_on(platform: str, fn: Callable) -> Callable:
 
   run.defvjp(forward, backward)
   return run
+
+
+def over_the_batch(fn: Callable) -> Callable:
+  """fn(diff, rest) under `jax.shard_map` over the batch axis when traced under a mesh of
+  several devices (`jax.set_mesh`, as the train loop's mesh strategy does): a Mosaic or
+  Triton kernel cannot be partitioned by XLA, so each device runs it on its own rows.
+  Arrays whose batch axis is 1 (a broadcast mask or bias) go to every device whole."""
+
+  def sharded(diff, rest):
+    mesh = jax.sharding.get_abstract_mesh()
+    batch = diff[0].shape[0]
+    if mesh.empty or mesh.size == 1 or batch % mesh.size:
+      return fn(diff, rest)
+    rows = PartitionSpec(tuple(mesh.axis_names))
+    spec = lambda x: rows if x.shape[0] == batch else PartitionSpec()
+    specs = jax.tree.map(spec, (diff, rest))
+    out_specs = jax.tree.map(lambda _: rows, jax.eval_shape(fn, diff, rest))
+    return jax.shard_map(fn, in_specs=specs, out_specs=out_specs, check_vma=False)(diff, rest)
+
+  return sharded
 
 
 def _refusal_abstract_eval(*avals, message, out_avals):

@@ -54,6 +54,19 @@ AUTO = "auto"
 
 
 _GPU_CAPABILITY = contextvars.ContextVar("gpu_capability", default=None)
+_CHOICES = contextvars.ContextVar("choices", default=None)
+
+
+@contextlib.contextmanager
+def recording_choices():
+  """Yields a list that collects, for every call planned within, {platform: implementation
+  name or None (refused)}: what a compiled program runs where (`research.aot`)."""
+  choices = []
+  token = _CHOICES.set(choices)
+  try:
+    yield choices
+  finally:
+    _CHOICES.reset(token)
 
 
 @contextlib.contextmanager
@@ -312,6 +325,9 @@ def plan(name: str, request: Request, host: str) -> dict[str, Choice]:
       choices[platform] = Choice(impl, interpret=platform in impl.interpreted)
   if len(errors) == len(PLATFORMS):
     raise ImplementationError(errors.get(host, errors["cpu"]))
+  if _CHOICES.get() is not None:
+    _CHOICES.get().append({p: c.implementation and c.implementation.name
+                           for p, c in choices.items()})
   return choices
 
 

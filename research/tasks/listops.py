@@ -154,6 +154,16 @@ def load_data(config) -> Data:
   return Data(splits, len(listops.vocabulary(d.brackets)) + 1, boundaries)
 
 
+def placeholder_data(config) -> Data:
+  """One batch of full-length examples per split, with no file read or generated: the
+  largest batch training meets (`build_shapes`, for compiling)."""
+  d, rows = config.data, config.train.batch_size
+  split = {"tokens": np.ones((rows, d.max_length), np.int32),
+           "lengths": np.full(rows, d.max_length, np.int32), "labels": np.zeros(rows, np.int32)}
+  return Data(dict.fromkeys(SPLITS, split), len(listops.vocabulary(d.brackets)) + 1,
+              (d.max_length,))
+
+
 def make_model(config, data: Data) -> EncoderClassifier:
   return EncoderClassifier(**config.model, vocab_size=data.vocab_size,
                            num_classes=listops.NUM_CLASSES, max_length=config.data.max_length)
@@ -164,9 +174,9 @@ def batches(split: dict[str, np.ndarray], batch_size: int, boundaries) -> list[d
   return eval_batches(split, batch_size, split["lengths"], boundaries, trim=("tokens",))
 
 
-def build(config) -> Task:
+def build(config, data: Data | None = None) -> Task:
   """Model, data and loss for config (validated); see research/training/task.py."""
-  data = load_data(config)
+  data = load_data(config) if data is None else data
   model = make_model(config, data)
   train = data.splits["train"]
 
@@ -210,4 +220,5 @@ def build(config) -> Task:
               loss=loss, evaluate=evaluate, report=report)
 
 
-TASK = register("listops", validate=validate, build=build)
+TASK = register("listops", validate=validate, build=build,
+                build_shapes=lambda config: build(config, placeholder_data(config)))

@@ -16,12 +16,13 @@ from research.training.task import Task, TaskBuilder
 _REGISTRY: dict[str, TaskBuilder] = {}
 
 
-def register(name: str, *, validate: Callable[..., None], build: Callable[..., Task]
-             ) -> TaskBuilder:
-  """Adds a task under `name` (the value of config.task) and returns it."""
+def register(name: str, *, validate: Callable[..., None], build: Callable[..., Task],
+             build_shapes: Callable[..., Task] | None = None) -> TaskBuilder:
+  """Adds a task under `name` (the value of config.task) and returns it (build_shapes: see
+  `research.training.task.TaskBuilder`)."""
   if name in _REGISTRY:
     raise ValueError(f"a task named {name!r} is registered already")
-  _REGISTRY[name] = TaskBuilder(name, validate, build)
+  _REGISTRY[name] = TaskBuilder(name, validate, build, build_shapes)
   return _REGISTRY[name]
 
 

@@ -58,7 +58,8 @@ def _available_ram() -> int | None:
 
 
 def gib(n: int) -> str:
-  return f"{n / GIB:.2f} GiB"
+  """Bytes in words: GiB, or MiB below one GiB."""
+  return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 class CompiledStep:

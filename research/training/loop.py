@@ -40,6 +40,7 @@ from research.training.train_step import (
   make_eval_step,
   make_optimizer,
   make_train_step,
+  root_key,
 )
 from research.training.validation import check_devices, check_shared
 
@@ -98,7 +99,7 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   strategy = parallel.make_strategy(train.parallelism)
   task = task_builder.build(config)
   optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
-  init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
+  init_rng, step_rng = jax.random.split(root_key(config.seed, jax.devices()[0].platform))
   init = lambda rng: init_state(task, optimizer, rng)
   shapes = strategy.abstract_state(jax.eval_shape(init, init_rng))
   traces = []

@@ -56,13 +56,17 @@ class MeshStrategy:
                         batch)
 
   def compile_step(self, step: Callable, state, batch) -> Callable:
-    return jax.jit(step, in_shardings=(self.replicated, self.split),
-                   out_shardings=(self.replicated, self.replicated),
-                   donate_argnums=0).lower(state, batch).compile()
+    """Traced under the mesh (`jax.set_mesh`): kernels XLA cannot partition (Mosaic, Triton)
+    run per device on its rows (`research.attention.platforms.over_the_batch`)."""
+    with jax.set_mesh(self.mesh):
+      return jax.jit(step, in_shardings=(self.replicated, self.split),
+                     out_shardings=(self.replicated, self.replicated),
+                     donate_argnums=0).lower(state, batch).compile()
 
   def compile_eval(self, evaluate: Callable, params, batch) -> Callable:
-    return jax.jit(evaluate, in_shardings=(self.replicated, self.split),
-                   out_shardings=self.replicated).lower(params, batch).compile()
+    with jax.set_mesh(self.mesh):
+      return jax.jit(evaluate, in_shardings=(self.replicated, self.split),
+                     out_shardings=self.replicated).lower(params, batch).compile()
 
   def host_state(self, state):
     """The state as global arrays (what Orbax saves)."""

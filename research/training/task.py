@@ -5,6 +5,8 @@ that `config.task` holds) with
 
   validate(config) -> None     raises ConfigError naming the key and the allowed values
   build(config) -> Task        model, data and pure loss / evaluation functions
+  build_shapes(config) -> Task optional: the same, with placeholder batches of the largest
+                               shape (for compiling when the data is slow to make)
 
 and the loop, which is handed the TaskBuilder, does the rest (devices, optimizer,
 checkpoints, metrics). Everything in a Task except the data streams is a pure function
@@ -63,3 +65,7 @@ class TaskBuilder(NamedTuple):
   # validate(config): ConfigError for a bad config.model / config.data value, before any build.
   build: Callable[[Any], Task]
   # build(config) -> Task for a validated config; InputError for a malformed user file.
+  build_shapes: Callable[[Any], Task] | None = None
+  # build_shapes(config) -> a Task to compile, not train (`--compile_only`): the real
+  # model, loss and evaluation, with batches of the largest shape training meets, without
+  # reading or generating the data. None: `build` is cheap enough.

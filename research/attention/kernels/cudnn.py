@@ -10,7 +10,8 @@ dispatcher (`implementation="auto"`) goes on to our Pallas kernel instead:
   bfloat16 / float16 only; head dim a multiple of 8, at most 128 (256 needs Hopper, which
   cannot be told before tracing); no two-sided window, no window with a bias or mask, no
   global tokens; causal only with q_len = kv_len (cuDNN's alignment of a rectangular causal
-  mask is not `jax.nn`'s); with a bias, even lengths (its backward needs them).
+  mask is not `jax.nn`'s); with a bias, mask or key lengths (all a bias to cuDNN), even
+  lengths (its backward needs them).
 
 A query that sees no key (a window beyond the key lengths) returns zeros, as everywhere
 in `research.attention`; cuDNN itself leaves such rows undefined.
@@ -84,8 +85,10 @@ def refusals(request: registry.Request) -> list[str]:
     reasons.append("a window together with a mask or bias")
   if request.causal and request.q_len != request.kv_len:
     reasons.append(f"causal attention with q_len {request.q_len} != kv_len {request.kv_len}")
-  if request.bias and (request.q_len % 2 or request.kv_len % 2):
-    reasons.append(f"a bias with odd lengths ({request.q_len}, {request.kv_len})")
+  if (request.bias or request.mask or request.key_value_seq_lengths) and (
+      request.q_len % 2 or request.kv_len % 2):
+    reasons.append(f"a bias, mask or key lengths with odd lengths ({request.q_len}, "
+                   f"{request.kv_len}): its backward needs even ones")
   return reasons
 
 

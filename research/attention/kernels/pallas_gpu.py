@@ -71,6 +71,7 @@ from research.attention import registry
 from research.attention.masks import Visibility
 
 Array = jax.Array
+MIN_CAPABILITY = (8, 0)   # XLA compiles Triton kernels for Ampere and newer only
 MAX_HEAD_DIM = 256
 MIN_TILE = 16           # Triton's dot needs every side of a tile to be at least 16
 LOG2E = math.log2(math.e)
@@ -484,9 +485,14 @@ def pallas_gpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
 
 def refusals(request: registry.Request) -> list[str]:
   """What of `request` this kernel cannot do beyond the registered capabilities, in words."""
+  reasons = []
+  capability = registry.gpu_capability()
+  if request.platform == "gpu" and capability is not None and capability < MIN_CAPABILITY:
+    reasons.append(f"a GPU of compute capability {capability[0]}.{capability[1]} (XLA's "
+                   f"Triton needs {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer)")
   if request.head_dim > MAX_HEAD_DIM:
-    return [f"head dim {request.head_dim} (pallas_gpu takes up to {MAX_HEAD_DIM})"]
-  return []
+    reasons.append(f"head dim {request.head_dim} (pallas_gpu takes up to {MAX_HEAD_DIM})")
+  return reasons
 
 
 registry.register(registry.Implementation(

@@ -1,4 +1,4 @@
-"""Keeping JAX's start-up logs off the terminal (imports nothing of JAX itself).
+"""Starting JAX quietly, on the CPU alone where no accelerator is visible.
 
 A JAX with compile-only toolchains installed (the `aot` extra: the CUDA plugin, libtpu)
 logs from C++ to file descriptor 2 when it is imported and when its backends start on a
@@ -46,3 +46,18 @@ def _restore(saved: int, log, held: HeldBack) -> None:
   os.close(saved)
   log.seek(0)
   held.text = log.read().decode("utf-8", "replace")
+
+
+def cpu_unless_accelerators() -> None:
+  """Where no NVIDIA GPU or TPU chip is visible and JAX_PLATFORMS is not set, JAX starts the
+  CPU alone: the compile-only toolchains (the CUDA plugin, libtpu) then register their
+  compilers (what `research.aot` compiles with) without probing for devices that are not
+  there. Call before JAX's backends start."""
+  import jax  # noqa: PLC0415 - this module imports nothing of JAX at import
+  from jax._src import hardware_utils  # noqa: PLC0415 - JAX's own probe, starts nothing
+
+  if jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS"):
+    return
+  if not (hardware_utils.has_visible_nvidia_gpu()
+          or hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0):
+    jax.config.update("jax_platforms", "cpu")

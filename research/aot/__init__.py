@@ -1,0 +1,1 @@
+"""Compiling for accelerators this machine does not have: targets and compile reports."""

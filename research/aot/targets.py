@@ -1,0 +1,133 @@
+"""Accelerators to compile for from a machine that has none (deviceless ahead-of-time).
+
+`devices(name)` gives compile-only devices of a target: JAX's
+`jax.experimental.topologies.get_topology_desc` with libtpu for TPUs, and with the CUDA
+PJRT plugin and a GPU description (`gpu_specs/*.txtpb`, XLA's `GpuTargetConfigProto` in
+text form, sources in each file) for NVIDIA GPUs. Shardings over those devices and
+`jax.jit(...).lower(...).compile()` compile for real: Mosaic and Triton kernels, XLA's
+fusions, the collectives between chips. Nothing runs.
+
+  target      platform  devices  memory per device  what it is
+  tpu-v5e-1   tpu       1        16 GiB             Colab's TPU (one v5 lite chip)
+  tpu-v5e-8   tpu       8        16 GiB             a v5litepod-8 slice
+  tpu-v4-8    tpu       8        16 GiB             a v4-8 (XLA's compile-only topology "v4:2x2x1")
+  tpu-v6e-1   tpu       1        32 GiB             one Trillium chip
+  h100        cuda      1        79.1 GiB           H100 80GB SXM (compute capability 9.0)
+  h100x8      cuda      8        79.1 GiB           eight of them
+  a100        cuda      1        39.4 GiB           A100-SXM4-40GB (Colab's A100; 8.0)
+  l4          cuda      1        22.0 GiB           L4 (Colab; 8.9)
+  t4          cuda      1        14.7 GiB           T4 (Colab's free GPU; 7.5)
+
+TPU memory is what XLA's compile-only TPU client enforces ("exceeds available HBM
+(15.75G)" on v5e and v4, 31.75G on v6e: the chip's HBM less XLA's reserve); GPU memory is
+the description's `device_memory_size` (the driver's usable bytes), which XLA does not
+enforce deviceless: `report.fits` compares it with the compiled program.
+
+What the targets need installs with the `aot` extra (`python3 tasks.py test` installs it;
+`pip install -e ".[aot]"` with the pins `tasks.py` prints): libtpu, the CUDA plugin, ptxas
+(Triton kernels) and cuDNN (cuDNN attention). JAX loads the plugins when it starts: on a
+machine without the accelerators they log to stderr, which `launch.py` keeps quiet.
+"""
+
+import functools
+import os
+import re
+import shutil
+from typing import NamedTuple
+
+from jax.experimental import topologies
+
+SPECS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_specs")
+GIB = 2**30
+
+
+class Target(NamedTuple):
+  platform: str                   # "tpu" or "cuda" (the lowering platform)
+  topology: str                   # TPU: "v5e:1x1"; GPU: "1x1xN" (N GPUs on one host)
+  bounds: tuple[int, int, int]    # TPU chips per host; GPU: unused
+  spec: str                       # GPU: the file in gpu_specs/; TPU: ""
+  memory_bytes: int               # per device, see the module docstring (TPU: enforced by XLA)
+  description: str
+
+
+TARGETS = {
+    "tpu-v5e-1": Target("tpu", "v5e:1x1", (1, 1, 1), "", 16 * GIB, "Colab's TPU: one v5e chip"),
+    "tpu-v5e-8": Target("tpu", "v5e:2x4", (2, 4, 1), "", 16 * GIB, "a v5litepod-8 slice"),
+    "tpu-v4-8": Target("tpu", "v4:2x2x1", (2, 2, 1), "", 16 * GIB, "a v4-8 slice"),
+    "tpu-v6e-1": Target("tpu", "v6e:1x1", (1, 1, 1), "", 32 * GIB, "one v6e (Trillium) chip"),
+    "h100": Target("cuda", "1x1x1", (1, 1, 1), "h100.txtpb", 0, "one H100 80GB"),
+    "h100x8": Target("cuda", "1x1x8", (1, 1, 1), "h100.txtpb", 0, "eight H100 80GB on one host"),
+    "a100": Target("cuda", "1x1x1", (1, 1, 1), "a100.txtpb", 0, "one A100 40GB (Colab)"),
+    "l4": Target("cuda", "1x1x1", (1, 1, 1), "l4.txtpb", 0, "one L4 (Colab)"),
+    "t4": Target("cuda", "1x1x1", (1, 1, 1), "t4.txtpb", 0, "one T4 (Colab's free GPU)"),
+}
+
+
+class TargetUnavailable(RuntimeError):
+  """The toolchain a target needs is not installed here (the `aot` extra)."""
+
+
+def get(name: str) -> Target:
+  """The target called `name`; ValueError listing the targets otherwise."""
+  if name not in TARGETS:
+    raise ValueError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}")
+  return TARGETS[name]
+
+
+def spec_text(target: Target) -> str:
+  with open(os.path.join(SPECS, target.spec), encoding="utf-8") as f:
+    return f.read()
+
+
+def memory_bytes(target: Target) -> int:
+  """Memory of one device of `target`."""
+  if target.platform == "tpu":
+    return target.memory_bytes
+  return int(re.search(r"device_memory_size:\s*(\d+)", spec_text(target)).group(1))
+
+
+def gpu_capability(target: Target) -> tuple[int, int] | None:
+  """(major, minor) compute capability of a GPU target; None for a TPU."""
+  if target.platform != "cuda":
+    return None
+  block = re.search(r"cuda_compute_capability\s*{([^}]*)}", spec_text(target)).group(1)
+  numbers = dict(re.findall(r"(major|minor):\s*(\d+)", block))
+  return int(numbers.get("major", 0)), int(numbers.get("minor", 0))
+
+
+@functools.cache
+def _topology_devices(target: Target) -> tuple:
+  if target.platform == "tpu":
+    topology = topologies.get_topology_desc(target.topology, platform="tpu",
+                                            chips_per_host_bounds=list(target.bounds))
+  else:
+    _put_ptxas_on_path()
+    topology = topologies.get_topology_desc(platform="cuda", topology=target.topology,
+                                            target_config=spec_text(target))
+  return tuple(topology.devices)
+
+
+def devices_of(target: Target) -> tuple:
+  """The compile-only devices of `target` (TargetUnavailable when its toolchain is missing)."""
+  try:
+    return _topology_devices(target)
+  except Exception as error:  # noqa: BLE001 - a missing plugin shows as several error types
+    raise TargetUnavailable(
+        f"cannot compile for {target.description} here: {type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''}; install the toolchain with "
+        "`python3 tasks.py test` (its .venv has it) or pip install -e '.[aot]'") from error
+
+
+def _put_ptxas_on_path() -> None:
+  """Triton compiles through ptxas; the nvidia-cuda-nvcc wheel ships one outside PATH."""
+  if shutil.which("ptxas"):
+    return
+  try:
+    import nvidia.cuda_nvcc  # noqa: PLC0415 - only GPU targets need it
+  except ImportError:
+    return
+  for root in nvidia.cuda_nvcc.__path__:
+    binary = os.path.join(root, "bin")
+    if os.path.exists(os.path.join(binary, "ptxas")):
+      os.environ["PATH"] = f"{binary}{os.pathsep}{os.environ.get('PATH', '')}"
+      return
