@@ -151,7 +151,9 @@ def main(config, module, name: str, verbose: bool) -> None:
       task.validate(config)
       with jax_start.held_back(not verbose):     # libtpu logs when its topology starts
         target_devices(_COMPILE_ONLY.value)
-      print(table(compile_only(config, workdir, task, _COMPILE_ONLY.value)))
+      with jax_start.held_back(not verbose, show_on_error=False):   # XLA's remat warnings
+        result = compile_only(config, workdir, task, _COMPILE_ONLY.value)
+      print(table(result))
       print(f"report: {os.path.join(workdir, 'compile_report.json')}")
       return
     distributed.initialize(config)

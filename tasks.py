@@ -4,8 +4,9 @@
     python3 tasks.py test     # the test suite (extra arguments go to pytest)
     python3 tasks.py bench [recurrent|attention|attention_bound] [args]   # benchmarks/ (default: all)
 
-Needs only Python >= 3.10 and pip. The first call creates `.venv` and installs the
-package (with the `test` extra for `test` and `bench`); later calls reinstall only
+Needs only Python >= 3.11 and pip. The first call creates `.venv` and installs the
+package (with the `test` extra for `test` and `bench`, and `aot`, the toolchains that
+compile for TPUs and GPUs from a CPU, for `test`); later calls reinstall only
 when pyproject.toml changed, so they start at once. On an accelerator, name its extra:
 
     RESEARCH_EXTRAS=cuda python3 tasks.py main    # NVIDIA GPU (jax[cuda13]); or tpu
@@ -26,7 +27,7 @@ TASKS = {
     # name: (pip extras, command run inside the environment)
     "main": ("", ["launch.py"]),   # extra arguments go to launch.py
     # one worker per core (pytest-xdist); tests of one xdist_group share a worker
-    "test": ("test", ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]),
+    "test": ("test,aot", ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]),
     "bench": ("test", []),   # the command is benchmarks/NAME.py, see `benchmark_commands`
 }
 BENCHMARKS = ("recurrent", "attention", "attention_bound")
@@ -52,9 +53,20 @@ def ensure_environment(extras: str) -> None:
     venv.create(VENV, with_pip=True)
   target = f".[{extras}]" if extras else "."
   print(f"Installing {target} into .venv (first run only) ...", flush=True)
-  subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  "-e", target], cwd=ROOT, check=True)
+  pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+  subprocess.run([*pip, "-e", target], cwd=ROOT, check=True)
+  if "aot" in extras.split(","):
+    subprocess.run([*pip, *aot_pins()], cwd=ROOT, check=True)
   stamp.write_text(digest)
+
+
+def aot_pins() -> list[str]:
+  """The compile-only toolchains at the installed JAX's own version (the `aot` extra's
+  ranges cannot name it)."""
+  version = subprocess.run([str(PYTHON), "-c", "import jax; print(jax.__version__)"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+  return [f"jax[tpu]=={version}", f"jax-cuda12-plugin=={version}",
+          f"jax-cuda12-pjrt=={version}"]
 
 
 def main(argv: list[str]) -> int:

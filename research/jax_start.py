@@ -20,9 +20,10 @@ class HeldBack:
 
 
 @contextlib.contextmanager
-def held_back(active: bool = True):
+def held_back(active: bool = True, show_on_error: bool = True):
   """fd 2 into a temporary file while the block runs (when `active`); yields a HeldBack
-  whose `text` holds it afterwards. An exception in the block shows it at once."""
+  whose `text` holds it afterwards. An exception in the block shows it at once, unless
+  not `show_on_error` (the exception says it all: a refusal of ours)."""
   held = HeldBack()
   if not active:
     yield held
@@ -35,7 +36,8 @@ def held_back(active: bool = True):
       yield held
     except BaseException:
       _restore(saved, log, held)
-      sys.stderr.write(held.text)
+      if show_on_error:
+        sys.stderr.write(held.text)
       raise
     _restore(saved, log, held)
 

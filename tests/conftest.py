@@ -8,6 +8,9 @@ float32 references at tolerances like 1e-5."""
 
 import pytest
 
+from research import jax_start
+
+jax_start.cpu_unless_accelerators()   # the compile-only toolchains, without probing for chips
 ACCELERATOR_MARKERS = ("gpu", "tpu")
 
 

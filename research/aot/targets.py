@@ -63,6 +63,12 @@ TARGETS = {
 }
 
 
+# XLA options of a deviceless compile. GPU: without a device XLA cannot autotune, and its
+# own Triton GEMM emitter then failed on a plain f32 dot of nmt_dates' decoder ("Couldn't
+# find output tile sizes"); matrix products go to cuBLAS, as autotuning often picks anyway.
+COMPILER_OPTIONS = {"cuda": {"xla_gpu_enable_triton_gemm": False}}
+
+
 class TargetUnavailable(RuntimeError):
   """The toolchain a target needs is not installed here (the `aot` extra)."""
 
@@ -98,6 +104,9 @@ def gpu_capability(target: Target) -> tuple[int, int] | None:
 @functools.cache
 def _topology_devices(target: Target) -> tuple:
   if target.platform == "tpu":
+    # Compiling only, several processes (test workers, a sweep) may load libtpu at once;
+    # it otherwise takes a lock meant for processes sharing real chips.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     topology = topologies.get_topology_desc(target.topology, platform="tpu",
                                             chips_per_host_bounds=list(target.bounds))
   else:

@@ -174,6 +174,19 @@ def per_platform(branches: dict[str, Callable], *args):
   return jax.lax.platform_dependent(*args, default=branches["cpu"], **branches)
 
 
+# Kernels whose custom calls `jax.export` does not promise to keep working across versions
+# (Pallas TPU's `tpu_custom_call` it does). Exporting a program that holds them:
+#   jax.export.export(jax.jit(f), platforms=("cpu", "cuda", "tpu"),
+#                     disabled_checks=platforms.export_checks_to_disable())(...)
+UNSTABLE_CUSTOM_CALLS = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward",
+                         "__gpu$xla.gpu.triton")
+
+
+def export_checks_to_disable() -> list:
+  """`disabled_checks=` for `jax.export.export` of a program with our GPU kernels."""
+  return [jax.export.DisabledSafetyCheck.custom_call(name) for name in UNSTABLE_CUSTOM_CALLS]
+
+
 def host() -> str:
   """The capability name of the platform calls are traced on (a fallback for messages)."""
   return {"gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}.get(jax.default_backend(), "cpu")

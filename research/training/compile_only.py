@@ -64,7 +64,7 @@ def compile_only(config, workdir: str, task_builder: TaskBuilder, target_name: s
                       f"the {len(devices)} devices of {target_name}")
   started = time.perf_counter()
   task = (task_builder.build_shapes or task_builder.build)(config)
-  strategy = parallel.MeshStrategy(devices)
+  strategy = parallel.MeshStrategy(devices, targets.COMPILER_OPTIONS.get(target.platform))
   optimizer, schedule = make_optimizer(config.train), learning_rate_schedule(config.train)
   init_rng, step_rng = jax.random.split(root_key(config.seed, target.platform))
   shapes = strategy.abstract_state(
@@ -72,7 +72,7 @@ def compile_only(config, workdir: str, task_builder: TaskBuilder, target_name: s
   train_step = make_train_step(task, optimizer, schedule, step_rng, strategy.axis_name)
   eval_step = make_eval_step(task, strategy.axis_name)
   memory = targets.memory_bytes(target)
-  where = f"{target_name} ({devices[0].device_kind}, {gib(memory)} per device)"
+  where = f"{target_name} ({devices[0].device_kind})"
   batches = {"train": next(task.train_data), "eval": _largest(task.eval_data)}
   steps, attention = {}, []
   capability = targets.gpu_capability(target)

@@ -97,32 +97,43 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
 
   # ---- Task, optimizer, the steps compiled from shapes (refusals before anything runs) ---
   strategy = parallel.make_strategy(train.parallelism)
-  task = task_builder.build(config)
   optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
   init_rng, step_rng = jax.random.split(root_key(config.seed, jax.devices()[0].platform))
-  init = lambda rng: init_state(task, optimizer, rng)
-  shapes = strategy.abstract_state(jax.eval_shape(init, init_rng))
-  traces = []
-  step_fn = make_train_step(task, optimizer, schedule, step_rng, strategy.axis_name)
-
-  def traced_step(state, batch):
-    traces.append(1)
-    return step_fn(state, batch)
-
   device = jax.local_devices()[0]
   checked = functools.partial(compile_checked, limit=memory_bytes(device),
                               where=f"a {device.platform} device ({device.device_kind})",
                               batch_size=train.batch_size)
-  train_step = CompiledPerShape(lambda b: checked("train", lambda: strategy.compile_step(
-      traced_step, shapes, strategy.abstract_batch(b))))
-  eval_step = CompiledPerShape(lambda b: checked("eval", lambda: strategy.compile_eval(
-      make_eval_step(task, strategy.axis_name), shapes.params, strategy.abstract_batch(b))))
+  traces = []
+
+  def steps(task):
+    """The task's train and eval steps, compiled per batch shape on first sight."""
+    shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(task, optimizer, r),
+                                                    init_rng))
+    step_fn = make_train_step(task, optimizer, schedule, step_rng, strategy.axis_name)
+
+    def traced_step(state, batch):
+      traces.append(1)
+      return step_fn(state, batch)
+
+    return (CompiledPerShape(lambda b: checked("train", lambda: strategy.compile_step(
+                traced_step, shapes, strategy.abstract_batch(b)))),
+            CompiledPerShape(lambda b: checked("eval", lambda: strategy.compile_eval(
+                make_eval_step(task, strategy.axis_name), shapes.params,
+                strategy.abstract_batch(b)))))
+
+  if task_builder.build_shapes is not None:   # the largest step, before making the data
+    largest = task_builder.build_shapes(config)
+    steps(largest)[0].compile(next(largest.train_data))
+    traces.clear()
+  task = task_builder.build(config)
+  train_step, eval_step = steps(task)
   host_batch = next(task.train_data)
   train_step.compile(host_batch)
   eval_step.compile(task.eval_data[0])
   _write_config(config, workdir)
   _write_files(task.files, workdir)
-  state = jax.jit(init, out_shardings=strategy.state_sharding)(init_rng)
+  state = jax.jit(lambda rng: init_state(task, optimizer, rng),
+                  out_shardings=strategy.state_sharding)(init_rng)
 
   # ---- Resume -------------------------------------------------------------------------
   checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), train.keep_checkpoints)

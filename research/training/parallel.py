@@ -30,10 +30,11 @@ class MeshStrategy:
   """`jit` with explicit shardings: state replicated, batch split along a 1-D mesh."""
   axis_name = None      # jit sees global arrays: means over the batch are already global
 
-  def __init__(self, devices=None):
+  def __init__(self, devices=None, compiler_options: dict | None = None):
     """Over `devices` (default: every device of every process; compile-only devices of a
-    target for `research.training.compile_only`)."""
+    target for `research.training.compile_only`, with its XLA `compiler_options`)."""
     self.mesh = Mesh(np.array(jax.devices() if devices is None else devices), (AXIS,))
+    self.compiler_options = compiler_options
     self.replicated = NamedSharding(self.mesh, PartitionSpec())
     self.split = NamedSharding(self.mesh, PartitionSpec(AXIS))
     self.state_sharding = self.replicated   # where init and restore place the state
@@ -61,12 +62,13 @@ class MeshStrategy:
     with jax.set_mesh(self.mesh):
       return jax.jit(step, in_shardings=(self.replicated, self.split),
                      out_shardings=(self.replicated, self.replicated),
-                     donate_argnums=0).lower(state, batch).compile()
+                     donate_argnums=0).lower(state, batch).compile(self.compiler_options)
 
   def compile_eval(self, evaluate: Callable, params, batch) -> Callable:
     with jax.set_mesh(self.mesh):
       return jax.jit(evaluate, in_shardings=(self.replicated, self.split),
-                     out_shardings=self.replicated).lower(params, batch).compile()
+                     out_shardings=self.replicated).lower(params, batch).compile(
+                         self.compiler_options)
 
   def host_state(self, state):
     """The state as global arrays (what Orbax saves)."""

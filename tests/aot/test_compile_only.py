@@ -1,0 +1,110 @@
+"""Every experiment compiled for hardware this machine does not have (`--compile_only`):
+each default config, the listops `lra` preset in bfloat16 and char_lm's transformer, for
+one v5e chip (Colab's TPU), a v4-8 slice (8 devices: the gradients' all-reduce) and an
+H100, each holding the kernel the attention registry chose for that platform; and, through
+launch.py, the report file, an oversized batch refused in one line, an unknown target."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from research import tasks
+from research.training.compile_only import compile_only
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+import launch  # noqa: E402
+
+# The custom call each attention implementation leaves in a compiled program.
+KERNEL_OF = {"pallas_tpu": "tpu_custom_call", "pallas_gpu": "__gpu$xla.gpu.triton",
+             "cudnn": "__cudnn$fmha"}
+CONFIGS = {
+    "nmt_dates": "experiments/nmt_dates.py",
+    "sequence_tasks": "experiments/sequence_tasks.py",
+    "listops": "experiments/listops.py",
+    "listops_lra_bf16": "experiments/listops.py",
+    "char_lm": "experiments/char_lm.py",
+    "char_lm_transformer": "experiments/char_lm.py:model=transformer",
+    "kernel_regression": "experiments/kernel_regression.py",
+}
+TARGETS = ("tpu-v5e-1", "tpu-v4-8", "h100")
+
+
+def _config(name: str):
+  config, _ = launch.load_config(os.path.join(ROOT, CONFIGS[name]))
+  if name == "listops_lra_bf16":
+    config.model.dtype = "bfloat16"
+  if config.task == "nmt_dates":
+    config.data.dir = ""     # nothing written outside the test's directory
+  return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_experiment_compiles_for_each_target_with_its_kernels(name, target, tmp_path):
+  config = _config(name)
+  if target == "tpu-v4-8":     # 8 devices: the batch rounded down to a multiple of 8 (50 -> 48)
+    config.train.batch_size -= config.train.batch_size % 8
+  report = compile_only(config, str(tmp_path), tasks.get(config.task), target)
+  assert json.loads((tmp_path / "compile_report.json").read_text()) == report
+  assert report["chips"] == (8 if target == "tpu-v4-8" else 1)
+  for step in ("train", "eval"):
+    compiled = report["steps"][step]
+    assert compiled["fits"] and 0 < compiled["bytes"]["total"] <= compiled["chip_memory_bytes"]
+    kernels = " ".join(compiled["kernels"])
+    for implementation in report["attention"]:      # what the registry chose there
+      if implementation in KERNEL_OF:
+        assert KERNEL_OF[implementation] in kernels, (implementation, kernels)
+    if report["chips"] > 1 and step == "train":
+      assert "all-reduce" in compiled["collectives"]   # the gradients' mean over 8 devices
+  if target.startswith("tpu"):
+    assert report["steps"]["train"]["flops"] > 0
+  if name == "listops_lra_bf16" and target.startswith("tpu"):
+    assert report["attention"] == ["pallas_tpu"]       # splash, and it fits 16 GiB
+  if name == "char_lm_transformer" and target == "h100":
+    assert report["attention"] == ["pallas_gpu"]       # float32: our Triton kernel
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_launch_compile_only_writes_the_report_and_a_t4_gets_no_cudnn(tmp_path):
+  """A T4 (compute capability 7.5) cannot run cuDNN's flash attention or XLA's Triton: the
+  transformer compiles with what "auto" picks there, and the report says which."""
+  run = _launch("--config=experiments/char_lm.py:model=transformer",
+                "--config.model.dtype=bfloat16", "--compile_only=t4", f"--workdir={tmp_path}")
+  assert run.returncode == 0, run.stderr[-2000:]
+  report = json.loads((tmp_path / "compile_report.json").read_text())
+  assert (report["target"], report["device_kind"]) == ("t4", "Tesla T4")
+  assert report["attention"] and not set(report["attention"]) & {"cudnn", "pallas_gpu"}
+  assert not any(k in " ".join(report["steps"]["train"]["kernels"]) for k in KERNEL_OF.values())
+  assert "t4 (1 x Tesla T4)" in run.stdout and "fits" in run.stdout
+
+
+@pytest.mark.slow
+def test_an_oversized_batch_is_refused_in_one_line_naming_the_need_and_the_chip(tmp_path):
+  run = _launch("--config=experiments/listops.py", "--config.model.dtype=bfloat16",
+                "--config.train.batch_size=512", "--compile_only=h100", f"--workdir={tmp_path}")
+  assert run.returncode == 2, run.stderr[-2000:]
+  (line,) = run.stderr.strip().splitlines()
+  assert line.startswith("error: the train step needs ") and "per device" in line
+  assert "but h100 (NVIDIA H100 80GB HBM3) has 79.11 GiB" in line
+  assert "config.train.batch_size (now 512)" in line
+  report = json.loads((tmp_path / "compile_report.json").read_text())
+  assert report["steps"]["refused"] == line.removeprefix("error: ")
+
+
+def test_an_unknown_target_is_refused_listing_the_targets(tmp_path):
+  run = _launch("--config=experiments/sequence_tasks.py", "--compile_only=tpu-v9",
+                f"--workdir={tmp_path}")
+  assert run.returncode == 2
+  (line,) = run.stderr.strip().splitlines()
+  assert line == ("error: --compile_only: unknown target 'tpu-v9'; choose one of: tpu-v5e-1, "
+                  "tpu-v5e-8, tpu-v4-8, tpu-v6e-1, h100, h100x8, a100, l4, t4")
