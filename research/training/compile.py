@@ -14,6 +14,7 @@ first), so that before the first step:
 or, on a CPU, the memory the machine has available, shared by its CPU devices.
 """
 
+import contextlib
 import os
 import re
 import time
@@ -58,8 +59,19 @@ def _available_ram() -> int | None:
 
 
 def gib(n: int) -> str:
-  """Bytes in words: GiB, or MiB below one GiB."""
-  return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+  """Bytes in words: GiB, MiB below one GiB, KiB below one MiB."""
+  if n >= GIB:
+    return f"{n / GIB:.2f} GiB"
+  return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+@contextlib.contextmanager
+def refusals_as_config_errors():
+  """An attention implementation's refusal, met while tracing, as config.model's error."""
+  try:
+    yield
+  except ImplementationError as error:
+    raise ConfigError(f"config.model.{error}") from None
 
 
 class CompiledStep:
@@ -81,9 +93,10 @@ def compile_checked(what: str, compile_step: Callable[[], object], *, limit: int
   """
   start = time.perf_counter()
   try:
-    executable = compile_step()
-  except ImplementationError as error:
-    raise ConfigError(f"config.model.{error}") from None
+    with refusals_as_config_errors():
+      executable = compile_step()
+  except ConfigError:
+    raise
   except Exception as error:  # noqa: BLE001 - XLA's over-memory refusal (TPU) is a RuntimeError
     needed = re.search(r"(RESOURCE_EXHAUSTED|exceeds available|Out of memory)[^\n]*", str(error))
     if needed is None:

@@ -31,7 +31,7 @@ from research.aot import report, targets
 from research.attention import registry
 from research.errors import ConfigError
 from research.training import parallel
-from research.training.compile import compile_checked, gib
+from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.task import TaskBuilder
 from research.training.train_step import (
   init_state,
@@ -67,8 +67,9 @@ def compile_only(config, workdir: str, task_builder: TaskBuilder, target_name: s
   strategy = parallel.MeshStrategy(devices, targets.COMPILER_OPTIONS.get(target.platform))
   optimizer, schedule = make_optimizer(config.train), learning_rate_schedule(config.train)
   init_rng, step_rng = jax.random.split(root_key(config.seed, target.platform))
-  shapes = strategy.abstract_state(
-      jax.eval_shape(lambda rng: init_state(task, optimizer, rng), init_rng))
+  with refusals_as_config_errors():
+    shapes = strategy.abstract_state(
+        jax.eval_shape(lambda rng: init_state(task, optimizer, rng), init_rng))
   train_step = make_train_step(task, optimizer, schedule, step_rng, strategy.axis_name)
   eval_step = make_eval_step(task, strategy.axis_name)
   memory = targets.memory_bytes(target)

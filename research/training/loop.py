@@ -31,7 +31,12 @@ from research.errors import ConfigError, RunFailed
 from research.training import parallel, plots
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
-from research.training.compile import CompiledPerShape, compile_checked, memory_bytes
+from research.training.compile import (
+  CompiledPerShape,
+  compile_checked,
+  memory_bytes,
+  refusals_as_config_errors,
+)
 from research.training.metrics import MetricsWriter, NonFiniteLossError, Progress
 from research.training.task import TaskBuilder
 from research.training.train_step import (
@@ -97,9 +102,10 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
 
   # ---- Task, optimizer, the steps compiled from shapes (refusals before anything runs) ---
   strategy = parallel.make_strategy(train.parallelism)
-  optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
-  init_rng, step_rng = jax.random.split(root_key(config.seed, jax.devices()[0].platform))
   device = jax.local_devices()[0]
+  optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
+  # after a data file's error (no compile before it): keys made on first use
+  keys = functools.cache(lambda: jax.random.split(root_key(config.seed, device.platform)))
   checked = functools.partial(compile_checked, limit=memory_bytes(device),
                               where=f"a {device.platform} device ({device.device_kind})",
                               batch_size=train.batch_size)
@@ -107,8 +113,10 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
 
   def steps(task):
     """The task's train and eval steps, compiled per batch shape on first sight."""
-    shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(task, optimizer, r),
-                                                    init_rng))
+    init_rng, step_rng = keys()
+    with refusals_as_config_errors():           # init traces the model's attention too
+      shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(task, optimizer, r),
+                                                      init_rng))
     step_fn = make_train_step(task, optimizer, schedule, step_rng, strategy.axis_name)
 
     def traced_step(state, batch):
@@ -133,7 +141,7 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   _write_config(config, workdir)
   _write_files(task.files, workdir)
   state = jax.jit(lambda rng: init_state(task, optimizer, rng),
-                  out_shardings=strategy.state_sharding)(init_rng)
+                  out_shardings=strategy.state_sharding)(keys()[0])
 
   # ---- Resume -------------------------------------------------------------------------
   checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), train.keep_checkpoints)

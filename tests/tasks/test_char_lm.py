@@ -72,8 +72,6 @@ def test_the_default_is_a_recurrent_model_on_the_whole_test_split():
     ({"model.dropout": 1.0}, r"config.model.dropout=1.0 must be in \[0, 1\)"),
     ({"data.stdlib": "/no/such/dir"}, "config.data.stdlib='/no/such/dir' is not a directory"),
     ({"model.kind": "transformer", "model.num_heads": 3}, "config.model.num_heads=3 must divide"),
-    ({"model.kind": "transformer", "model.implementation": "banded"}, "config.model.implementation"
-                                                                      "='banded' cannot do this"),
     ({"model.implementation": "fast"}, "config.model.implementation='fast' is not allowed"),
 ])
 def test_bad_values_are_named_before_anything_is_built(overrides, message):

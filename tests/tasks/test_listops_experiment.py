@@ -63,7 +63,6 @@ def test_the_lra_preset_is_lras_transformer_base_and_its_data():
     ({"model.num_heads": 3}, "model.num_heads=3 must divide config.model.hidden_size=16"),
     ({"data.min_tree_length": 149}, "min_tree_length=149 and max_tree_length=150 leave no length"),
     ({"data.files": "/nonexistent"}, "data.files='/nonexistent' is not a directory"),
-    ({"model.implementation": "cudnn"}, "cudnn"),
 ])
 def test_bad_values_are_named_before_anything_is_built(overrides, message, tmp_path):
   with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -88,8 +88,6 @@ def test_sweep_covers_every_model_and_length_and_validates():
      "config.model.window=0 with config.model.attention='local': 'local' needs a window > 0"),
     ({"model.kind": "transformer", "model.window": 3},
      "config.model.window=3 with config.model.attention='full'"),
-    ({"model.kind": "transformer", "model.implementation": "banded"},
-     "config.model.implementation='banded' cannot do"),
 ])
 def test_bad_values_are_named(overrides, message):
   config = small_config()

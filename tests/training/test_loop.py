@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tiny
 
-from research.errors import CheckpointMismatchError
+from research.errors import CheckpointMismatchError, ConfigError
+from research.training import loop
 from research.training.checkpoints import Checkpoints
 from research.training.loop import Stopped, train_and_evaluate
 from research.training.metrics import NonFiniteLossError
@@ -112,6 +113,29 @@ def test_unreadable_checkpoints_are_set_aside_without_replacing_each_other(tmp_p
         json.loads(line)["step"] for line in (tmp_path / aside).read_text().splitlines()]
   assert sorted(os.listdir(tmp_path / "checkpoints_unreadable")) == ["60", "60.1"]
   assert sorted(os.listdir(tmp_path / "checkpoints"), key=int) == ["20", "40", "60"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model.implementation": "banded"}, "config.model.implementation='banded' cannot do "
+                                         "this: no window"),          # on any platform
+    ({"model.implementation": "cudnn"}, "config.model.implementation='cudnn' cannot do this"),
+], ids=["banded_without_window", "cudnn_float32"])
+def test_an_attention_refusal_is_a_config_error_before_anything_is_written(tmp_path, overrides,
+                                                                         message):
+  """Found by tracing the steps with the real shapes (no request guessed beforehand)."""
+  config = tiny.config(**{"model.kind": "transformer", "model.num_heads": 2, **overrides})
+  with pytest.raises(ConfigError, match=message):
+    train_and_evaluate(config, str(tmp_path), tiny.task())
+  assert not (tmp_path / "config.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_step_over_the_devices_memory_is_refused_naming_both(tmp_path, monkeypatch):
+  monkeypatch.setattr(loop, "memory_bytes", lambda device: 2**10)          # a 1 KiB device
+  with pytest.raises(ConfigError, match=r"the train step needs [\d.]+ KiB per device \(arguments "
+                     r".*\) but a cpu device \(cpu\) has 1.0 KiB; reduce "
+                     r"config.train.batch_size \(now 16\)"):
+    train_and_evaluate(tiny.config(), str(tmp_path), tiny.task())
+  assert not (tmp_path / "config.json").exists()
 
 
 def _tree(directory) -> dict:
