@@ -94,13 +94,13 @@ def test_launch_compile_only_writes_the_report_and_a_t4_gets_no_cudnn(tmp_path):
 
 @pytest.mark.slow
 def test_an_oversized_batch_is_refused_in_one_line_naming_the_need_and_the_chip(tmp_path):
-  run = _launch("--config=experiments/listops.py", "--config.model.dtype=bfloat16",
-                "--config.train.batch_size=512", "--compile_only=h100", f"--workdir={tmp_path}")
+  run = _launch("--config=experiments/char_lm.py:model=transformer",
+                "--config.train.batch_size=65536", "--compile_only=h100", f"--workdir={tmp_path}")
   assert run.returncode == 2, run.stderr[-2000:]
   (line,) = run.stderr.strip().splitlines()
   assert line.startswith("error: the train step needs ") and "per device" in line
   assert "but h100 (NVIDIA H100 80GB HBM3) has 79.11 GiB" in line
-  assert "config.train.batch_size (now 512)" in line
+  assert "config.train.batch_size (now 65536)" in line
   report = json.loads((tmp_path / "compile_report.json").read_text())
   assert report["steps"]["refused"] == line.removeprefix("error: ")
 
