@@ -91,6 +91,16 @@ def gpu_capability() -> tuple[int, int] | None:
   return None
 
 
+def below_capability(request: "Request", minimum: tuple[int, int], what: str) -> list[str]:
+  """[the refusal] when `request` is for a GPU older than `minimum` (`gpu_capability`);
+  `what` names the kernel that needs it."""
+  capability = gpu_capability()
+  if request.platform != "gpu" or capability is None or capability >= minimum:
+    return []
+  return [f"a GPU of compute capability {capability[0]}.{capability[1]} ({what} needs "
+          f"{minimum[0]}.{minimum[1]} or newer)"]
+
+
 class ImplementationError(ValueError):
   """An implementation cannot do a request (on a platform): raised when the call is traced,
   or when it is lowered for a platform that cannot run it."""

@@ -71,11 +71,7 @@ def missing_here() -> str | None:
 
 def refusals(request: registry.Request) -> list[str]:
   """What of `request` cuDNN's fused kernel cannot do, in words."""
-  reasons = []
-  capability = registry.gpu_capability()
-  if request.platform == "gpu" and capability is not None and capability < MIN_CAPABILITY:
-    reasons.append(f"a GPU of compute capability {capability[0]}.{capability[1]} (cuDNN's "
-                   f"flash attention needs {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer)")
+  reasons = registry.below_capability(request, MIN_CAPABILITY, "cuDNN's flash attention")
   if request.head_dim % 8 or request.head_dim > MAX_HEAD_DIM:
     reasons.append(f"head dim {request.head_dim} (cuDNN takes multiples of 8 up to "
                    f"{MAX_HEAD_DIM})")

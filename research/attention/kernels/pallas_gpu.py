@@ -485,11 +485,7 @@ def pallas_gpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
 
 def refusals(request: registry.Request) -> list[str]:
   """What of `request` this kernel cannot do beyond the registered capabilities, in words."""
-  reasons = []
-  capability = registry.gpu_capability()
-  if request.platform == "gpu" and capability is not None and capability < MIN_CAPABILITY:
-    reasons.append(f"a GPU of compute capability {capability[0]}.{capability[1]} (XLA's "
-                   f"Triton needs {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer)")
+  reasons = registry.below_capability(request, MIN_CAPABILITY, "XLA's Triton")
   if request.head_dim > MAX_HEAD_DIM:
     reasons.append(f"head dim {request.head_dim} (pallas_gpu takes up to {MAX_HEAD_DIM})")
   return reasons
