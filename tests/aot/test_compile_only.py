@@ -31,11 +31,7 @@ CONFIGS = {
     "kernel_regression": "experiments/kernel_regression.py",
 }
 TARGETS = ("tpu-v5e-1", "tpu-v4-8", "h100")
-# LRA's 6-layer, 2001-token model takes 35-90 s to compile for a TPU on 2 cores: the suite's
-# budget holds its bfloat16 variant for both TPUs and its float32 default for the H100; the
-# other three are in the README's table (`python3 tasks.py bench compile`).
-HEAVY = {("listops", "tpu-v5e-1"), ("listops", "tpu-v4-8"), ("listops_lra_bf16", "h100")}
-CASES = [(name, target) for name in CONFIGS for target in TARGETS if (name, target) not in HEAVY]
+CASES = [(name, target) for name in CONFIGS for target in TARGETS]
 
 
 def _config(name: str):
