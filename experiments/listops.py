@@ -32,9 +32,9 @@ Variant arguments (comma-separated key=value):
 
 import ml_collections
 
+from research.models.self_attention import ATTENTIONS
 from research.training.config import base_config, parse_variants
 
-ATTENTIONS = ("full", "local", "longformer", "linformer", "memory_compressed")
 PRESETS = {
     "lra": dict(
         train=dict(num_steps=5000, batch_size=32, learning_rate=0.05 / 1000 ** 0.5,

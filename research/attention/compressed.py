@@ -102,7 +102,9 @@ class LinformerSelfAttention(nn.Module):
   Parameters: query / key / value / out as in `MultiHeadAttention`, e [proj_len, max_len]
   and f (the same shape; absent with share_kv, where F = E), initialised N(0, 1/max_len).
   `__call__(inputs [b, n, D], *, key_value_seq_lengths=None)` -> [b, n, D], n ≤ max_len;
-  the weights [b, H, n, proj_len] are sown as intermediates/attention_weights.
+  the weights [b, H, n, proj_len] are sown as intermediates/attention_weights. A projected
+  position mixes every key, so is_causal=True is refused; `train` changes nothing (no
+  dropout), as for MemoryCompressedAttention.
   """
   num_heads: int                   # H
   qkv_features: int                # H · d
@@ -113,8 +115,13 @@ class LinformerSelfAttention(nn.Module):
   param_dtype: Any = jnp.float32   # parameter dtype
 
   @nn.compact
-  def __call__(self, inputs: Array, *, key_value_seq_lengths: Array | None = None) -> Array:
+  def __call__(self, inputs: Array, *, key_value_seq_lengths: Array | None = None,
+               is_causal: bool = False, train: bool = False) -> Array:
+    del train
     head_dim = check_heads(self.qkv_features, self.num_heads)
+    if is_causal:
+      raise ValueError("is_causal=True is not supported by LinformerSelfAttention: a projected "
+                       "position mixes every key position")
     dense = functools.partial(nn.DenseGeneral, dtype=self.dtype, param_dtype=self.param_dtype)
     q, k, v = (dense((self.num_heads, head_dim), name=name)(inputs)
                for name in ("query", "key", "value"))
@@ -134,7 +141,7 @@ class MemoryCompressedAttention(nn.Module):
   key_conv / value_conv (`flax.linen.Conv`, kernel [c, H·d, H·d], bias [H·d]).
   `__call__(inputs_q [b, q_len, D], inputs_kv [b, kv_len, D_kv] = inputs_q, *,
   key_value_seq_lengths=None)` -> [b, q_len, D]; the weights [b, H, q_len, ⌈kv_len/c⌉]
-  are sown as intermediates/attention_weights.
+  are sown as intermediates/attention_weights. `train` changes nothing (no dropout).
   """
   num_heads: int                   # H
   qkv_features: int                # H · d
@@ -145,7 +152,8 @@ class MemoryCompressedAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array | None = None, *, is_causal: bool = False,
-               key_value_seq_lengths: Array | None = None) -> Array:
+               key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
+    del train
     head_dim = check_heads(self.qkv_features, self.num_heads)
     if self.method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")

@@ -6,21 +6,9 @@
     -> dropout -> num_layers blocks -> pooling (the CLS position, or the mean over real
        positions) -> Dense(num_classes): logits [B, num_classes] in float32
 
-A block, pre-norm (LayerNorm inside each residual branch; a final LayerNorm) or post-norm
-(LayerNorm after each residual sum, as in the original Transformer and LRA):
-
-  x ← x + Dropout(Attention(LN(x)));   x ← x + Dropout(W₂ gelu(W₁ LN(x)))       (pre)
-  x ← LN(x + Dropout(Attention(x)));   x ← LN(x + Dropout(W₂ gelu(W₁ x)))       (post)
-
-Attention, every variant masking the padding (keys t ≥ length):
-
-  full               MultiHeadAttention, implementation "auto" (cuDNN / Pallas / chunked)
-  local              sliding window: query i sees keys i − window … i + window
-  longformer         the same window plus global tokens (position 0: the CLS token, or the
-                     first token), which see and are seen by every position
-  linformer          keys and values projected along the length to `proj_len` (Wang et al.)
-  memory_compressed  keys and values shortened `compression`-fold by a strided convolution
-                     (Liu et al. 2018)
+Each block is a `TransformerBlock` (pre- or post-norm, dropout on both branches and on
+the MLP's hidden units) whose self-attention is one of `self_attention.ATTENTIONS`, every
+variant masking the padding (keys t ≥ length).
 
 Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters.
 """
@@ -31,60 +19,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from research.attention import LinformerSelfAttention, MemoryCompressedAttention, MultiHeadAttention
-from research.models.sequence_model import sinusoidal_positions
+from research.models.positions import sinusoidal_positions
+from research.models.self_attention import ATTENTIONS, self_attention
+from research.models.transformer_block import NORMS, TransformerBlock
 
 Array = jax.Array
-ATTENTIONS = ("full", "local", "longformer", "linformer", "memory_compressed")
 POSITIONS = ("learned", "sinusoidal")
-NORMS = ("pre", "post")
 POOLINGS = ("cls", "mean")
-
-
-class EncoderLayer(nn.Module):
-  """One encoder block on x [B, L, F] with key lengths [B] (see the module docstring)."""
-  num_heads: int
-  mlp_size: int
-  attention: str
-  norm: str
-  dropout_rate: float
-  max_length: int               # longest input, CLS included (Linformer's projections)
-  window: int
-  proj_len: int
-  compression: int
-  implementation: str
-  dtype: Any
-
-  def attend(self, x: Array, lengths: Array) -> Array:
-    features = x.shape[-1]
-    if self.attention == "linformer":
-      return LinformerSelfAttention(self.num_heads, features, self.proj_len, self.max_length,
-                                    dtype=self.dtype, name="attention")(
-                                        x, key_value_seq_lengths=lengths)
-    if self.attention == "memory_compressed":
-      return MemoryCompressedAttention(self.num_heads, features, self.compression,
-                                       dtype=self.dtype, name="attention")(
-                                           x, key_value_seq_lengths=lengths)
-    window = None if self.attention == "full" else self.window
-    global_tokens = (0,) if self.attention == "longformer" else None
-    return MultiHeadAttention(self.num_heads, implementation=self.implementation, window=window,
-                              global_tokens=global_tokens, dtype=self.dtype, name="attention")(
-                                  x, key_value_seq_lengths=lengths)
-
-  @nn.compact
-  def __call__(self, x: Array, lengths: Array, train: bool) -> Array:
-    drop = lambda y: nn.Dropout(self.dropout_rate, deterministic=not train)(y)
-    pre = self.norm == "pre"
-    norm = lambda name: nn.LayerNorm(name=name)
-
-    def mlp(y):
-      y = nn.Dense(self.mlp_size, dtype=self.dtype, name="mlp_in")(y)
-      return nn.Dense(x.shape[-1], dtype=self.dtype, name="mlp_out")(drop(nn.gelu(y)))
-
-    y = drop(self.attend(norm("attention_norm")(x) if pre else x, lengths))
-    x = x + y if pre else norm("attention_norm")(x + y)
-    y = drop(mlp(norm("mlp_norm")(x) if pre else x))
-    return x + y if pre else norm("mlp_norm")(x + y)
 
 
 class EncoderClassifier(nn.Module):
@@ -129,11 +70,16 @@ class EncoderClassifier(nn.Module):
       table = sinusoidal_positions(max_length, self.hidden_size)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(
         x + table[:x.shape[1]].astype(x.dtype))
+    attention = self_attention(self.attention, num_heads=self.num_heads,
+                               features=self.hidden_size, window=self.window,
+                               max_length=max_length, proj_len=self.proj_len,
+                               compression=self.compression,
+                               implementation=self.implementation, dtype=dtype)
     for layer in range(self.num_layers):
-      x = EncoderLayer(self.num_heads, self.mlp_size, self.attention, self.norm,
-                       self.dropout_rate, max_length, self.window, self.proj_len,
-                       self.compression, self.implementation, dtype, name=f"layer{layer}")(
-                           x, lengths, train)
+      x = TransformerBlock(attention, self.mlp_size, norm=self.norm,
+                           dropout_rate=self.dropout_rate,
+                           activation_dropout_rate=self.dropout_rate, dtype=dtype,
+                           name=f"layer{layer}")(x, lengths, train=train)
     if self.norm == "pre":
       x = nn.LayerNorm(name="final_norm")(x)
     if self.pooling == "cls":

@@ -4,8 +4,8 @@
                      (num_layers × hidden_size), its state carried in and out ->
                      Dense(256): logits [B, L, 256]
   transformer        bytes [B, L] -> Embed(256, hidden_size) + sinusoidal positions ->
-                     num_layers pre-LayerNorm blocks x += MHA(LN(x)); x += MLP(LN(x)) with
-                     causal self-attention (query i sees keys j ≤ i, or i − window … i with
+                     num_layers pre-norm TransformerBlocks (x += MHA(LN(x)); x += MLP(LN(x)))
+                     with causal self-attention (query i sees keys j ≤ i, or i − window … i with
                      a window) -> LayerNorm -> Dense(256): logits [B, L, 256]
 
 The recurrent model's `carry` is the layer's state, h [num_layers, B, hidden_size] for
@@ -25,37 +25,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from research.attention import MultiHeadAttention
-from research.models.sequence_model import sinusoidal_positions
-from research.recurrent import GRU, LSTM, RNN
+from research.models.kinds import KINDS, RECURRENT
+from research.models.positions import sinusoidal_positions
+from research.models.self_attention import self_attention
+from research.models.transformer_block import TransformerBlock
 
 Array = jax.Array
 VOCAB_SIZE = 256                 # bytes
-RECURRENT = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
-KINDS = (*RECURRENT, "transformer")
-
-
-class DecoderBlock(nn.Module):
-  """One pre-LayerNorm block of causal self-attention and an MLP on x [B, L, F]."""
-  num_heads: int                 # attention heads, dividing F
-  mlp_ratio: int = 4             # MLP hidden width / F
-  window: int | None = None      # None: every earlier key; w: keys i − w … i
-  implementation: str = "auto"   # research.attention implementation
-  dropout: float = 0.0           # on each residual branch (train=True)
-  dtype: Any = None              # dtype of the matrix products
-
-  @nn.compact
-  def __call__(self, x: Array, *, train: bool = False) -> Array:
-    features = x.shape[-1]
-    y = MultiHeadAttention(self.num_heads, implementation=self.implementation,
-                           window=self.window, dtype=self.dtype,
-                           name="attention")(nn.LayerNorm(name="attention_norm")(x),
-                                             is_causal=True)
-    x = x + nn.Dropout(self.dropout, deterministic=not train)(y)
-    y = nn.Dense(self.mlp_ratio * features, dtype=self.dtype,
-                 name="mlp_in")(nn.LayerNorm(name="mlp_norm")(x))
-    y = nn.Dense(features, dtype=self.dtype, name="mlp_out")(nn.gelu(y))
-    return x + nn.Dropout(self.dropout, deterministic=not train)(y)
 
 
 class LanguageModel(nn.Module):
@@ -106,10 +82,13 @@ class LanguageModel(nn.Module):
     x = nn.Embed(VOCAB_SIZE, self.hidden_size, dtype=self.dtype, name="embed")(tokens)
     x = x + sinusoidal_positions(tokens.shape[1], self.hidden_size).astype(x.dtype)
     x = nn.Dropout(self.dropout, deterministic=not train)(x)
+    attention = self_attention("local" if self.window else "full", num_heads=self.num_heads,
+                               features=self.hidden_size, window=self.window,
+                               implementation=self.implementation, dtype=self.dtype)
     for layer in range(self.num_layers):
-      x = DecoderBlock(self.num_heads, self.mlp_ratio, window=self.window or None,
-                       implementation=self.implementation, dropout=self.dropout,
-                       dtype=self.dtype, name=f"block{layer}")(x, train=train)
+      x = TransformerBlock(attention, self.mlp_ratio * self.hidden_size, is_causal=True,
+                           dropout_rate=self.dropout, dtype=self.dtype,
+                           name=f"block{layer}")(x, train=train)
     return nn.LayerNorm(name="final_norm")(x)
 
 

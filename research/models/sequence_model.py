@@ -3,8 +3,8 @@
   rnn | lstm | gru   inputs (one-hot tokens, or the float features as they are) ->
                      research.recurrent layer (num_layers × hidden_size) -> head
   transformer        token embedding (or Dense for float inputs) + sinusoidal positions ->
-                     num_layers pre-LayerNorm blocks x += MHA(LN(x)); x += MLP(LN(x)) with
-                     non-causal self-attention, "full" or "local" (query i sees keys
+                     num_layers pre-norm TransformerBlocks (x += MHA(LN(x)); x += MLP(LN(x)))
+                     with non-causal self-attention, "full" or "local" (query i sees keys
                      i − window … i + window) -> LayerNorm -> head
 
 The head is a Dense layer on every position ("per_position": [B, L, num_outputs]) or on
@@ -19,41 +19,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from research.attention import MultiHeadAttention
-from research.recurrent import GRU, LSTM, RNN
+from research.models.kinds import KINDS, RECURRENT
+from research.models.positions import sinusoidal_positions
+from research.models.self_attention import self_attention
+from research.models.transformer_block import TransformerBlock
 
 Array = jax.Array
-RECURRENT = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
-KINDS = (*RECURRENT, "transformer")
 HEADS = ("per_position", "last")
-ATTENTIONS = ("full", "local")
-
-
-def sinusoidal_positions(length: int, features: int) -> Array:
-  """Vaswani et al.'s encoding [length, features]: sin(p / 10000^(2i/F)) at feature 2i,
-  cos(p / 10000^(2i/F)) at feature 2i + 1, for position p."""
-  rates = 1.0 / 10000.0 ** (jnp.arange(0, features, 2) / features)     # [⌈F/2⌉]
-  angles = jnp.arange(length)[:, None] * rates[None]                   # [length, ⌈F/2⌉]
-  return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(length, -1)[:, :features]
-
-
-class EncoderBlock(nn.Module):
-  """One pre-LayerNorm transformer block on x [B, L, F] -> [B, L, F]."""
-  num_heads: int                 # attention heads, dividing F
-  mlp_ratio: int = 4             # MLP hidden width / F
-  implementation: str = "auto"   # research.attention implementation of the attention
-  window: Any = None             # None (full attention) or a sliding-window half-width
-  dtype: Any = None              # dtype of the matrix products (None: float32)
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    features = x.shape[-1]
-    x = x + MultiHeadAttention(self.num_heads, implementation=self.implementation,
-                               window=self.window, dtype=self.dtype,
-                               name="attention")(nn.LayerNorm(name="attention_norm")(x))
-    y = nn.LayerNorm(name="mlp_norm")(x)
-    y = nn.Dense(self.mlp_ratio * features, dtype=self.dtype, name="mlp_in")(y)
-    return x + nn.Dense(features, dtype=self.dtype, name="mlp_out")(nn.gelu(y))
+ATTENTIONS = ("full", "local")   # the patterns of self_attention.ATTENTIONS that need no length
 
 
 class SequenceModel(nn.Module):
@@ -99,7 +72,10 @@ class SequenceModel(nn.Module):
     else:
       x = nn.Embed(self.vocab_size, self.hidden_size, dtype=self.dtype, name="embed")(inputs)
     x = x + sinusoidal_positions(x.shape[1], self.hidden_size).astype(x.dtype)
+    attention = self_attention(self.attention, num_heads=self.num_heads,
+                               features=self.hidden_size, window=self.window,
+                               implementation=self.implementation, dtype=self.dtype)
     for layer in range(self.num_layers):
-      x = EncoderBlock(self.num_heads, implementation=self.implementation,
-                       window=self.window or None, dtype=self.dtype, name=f"block{layer}")(x)
+      x = TransformerBlock(attention, 4 * self.hidden_size, dtype=self.dtype,
+                           name=f"block{layer}")(x)
     return nn.LayerNorm(name="final_norm")(x)

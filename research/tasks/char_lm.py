@@ -57,7 +57,8 @@ from research.attention import implementation_names
 from research.data import python_corpus
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError, InputError
-from research.models.language_model import KINDS, LanguageModel, sample
+from research.models.kinds import KINDS
+from research.models.language_model import LanguageModel, sample
 from research.tasks.registry import register
 from research.training.task import Report, Task
 from research.training.validation import (

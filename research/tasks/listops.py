@@ -31,13 +31,9 @@ from research.attention import implementation_names
 from research.data import listops
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError, InputError
-from research.models.encoder_classifier import (
-  ATTENTIONS,
-  NORMS,
-  POOLINGS,
-  POSITIONS,
-  EncoderClassifier,
-)
+from research.models.encoder_classifier import POOLINGS, POSITIONS, EncoderClassifier
+from research.models.self_attention import ATTENTIONS
+from research.models.transformer_block import NORMS
 from research.tasks.registry import register
 from research.training.task import Report, Task
 from research.training.validation import (

@@ -29,7 +29,8 @@ from research.attention import implementation_names
 from research.data import sequence_tasks as data
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError
-from research.models.sequence_model import ATTENTIONS, KINDS, SequenceModel
+from research.models.kinds import KINDS
+from research.models.sequence_model import ATTENTIONS, SequenceModel
 from research.tasks.registry import register
 from research.training.task import Task
 from research.training.validation import (

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.models.encoder_classifier import ATTENTIONS, EncoderClassifier
+from research.models.encoder_classifier import EncoderClassifier
+from research.models.self_attention import ATTENTIONS
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 

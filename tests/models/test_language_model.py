@@ -102,31 +102,3 @@ def test_an_unknown_kind_and_a_transformer_carry_are_refused():
   model, params = make("transformer")
   with pytest.raises(ValueError, match="no carry"):
     model.apply({"params": params}, byte_tokens(1, 4), jnp.zeros((2, 1, 16)))
-
-
-def test_a_decoder_block_equals_torchs_pre_norm_transformer_layer_with_a_causal_mask():
-  """DecoderBlock against torch.nn.TransformerEncoderLayer(norm_first=True) with the
-  same weights (flax's nn.gelu is the tanh approximation; LayerNorm eps 1e-6)."""
-  torch = pytest.importorskip("torch")
-  from research.attention.torch_import import from_torch
-  from research.models.language_model import DecoderBlock
-
-  torch.manual_seed(0)
-  layer = torch.nn.TransformerEncoderLayer(
-      16, 2, dim_feedforward=64, dropout=0.0, batch_first=True, norm_first=True,
-      layer_norm_eps=1e-6, activation=lambda x: torch.nn.functional.gelu(x, approximate="tanh"))
-  for norm in (layer.norm1, layer.norm2):                          # not the default 1 and 0
-    torch.nn.init.normal_(norm.weight, 1.0, 0.2)
-    torch.nn.init.normal_(norm.bias, 0.0, 0.2)
-  dense = lambda linear: {"kernel": jnp.asarray(linear.weight.detach().numpy().T),
-                          "bias": jnp.asarray(linear.bias.detach().numpy())}
-  norm = lambda n: {"scale": jnp.asarray(n.weight.detach().numpy()),
-                    "bias": jnp.asarray(n.bias.detach().numpy())}
-  params = {"attention": from_torch(layer.self_attn)[1]["params"],
-            "attention_norm": norm(layer.norm1), "mlp_norm": norm(layer.norm2),
-            "mlp_in": dense(layer.linear1), "mlp_out": dense(layer.linear2)}
-  x = np.random.default_rng(0).normal(size=(2, 9, 16)).astype(np.float32)
-  causal = torch.nn.Transformer.generate_square_subsequent_mask(9)
-  expected = layer(torch.from_numpy(x), src_mask=causal, is_causal=True).detach().numpy()
-  ours = DecoderBlock(num_heads=2).apply({"params": params}, jnp.asarray(x))
-  np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)

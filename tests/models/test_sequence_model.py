@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.models.sequence_model import SequenceModel, sinusoidal_positions
+from research.models.positions import sinusoidal_positions
+from research.models.sequence_model import SequenceModel
 from research.recurrent import GRU, LSTM, RNN
 
 # Compared with the layer and a NumPy head within 1e-6: full float32 products, not TF32.

@@ -1,0 +1,61 @@
+"""The transformer block of every model here: self-attention and an MLP, each a residual
+branch, with LayerNorm before the branch (pre-norm) or after the sum (post-norm, as in the
+original Transformer and LRA). On x [B, L, F]:
+
+  pre:   x ← x + Drop(Attention(LN(x)));   x ← x + Drop(W₂ Drop_a(gelu(W₁ LN(x))))
+  post:  x ← LN(x + Drop(Attention(x)));   x ← LN(x + Drop(W₂ Drop_a(gelu(W₁ x))))
+
+Drop is dropout at `dropout_rate` on each branch, Drop_a at `activation_dropout_rate` on
+the MLP's hidden units (train=True only). gelu is flax's (the tanh approximation); W₁ is
+[F, mlp_size], W₂ [mlp_size, F]. A pre-norm stack ends with a final LayerNorm (the model's).
+
+Parameters: attention/… (the attention module's own), attention_norm, mlp_in, mlp_out,
+mlp_norm: the names of `torch.nn.TransformerEncoderLayer`'s parts are self_attn, norm1,
+linear1, linear2, norm2.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+Array = jax.Array
+NORMS = ("pre", "post")
+
+
+class TransformerBlock(nn.Module):
+  """x [B, L, F], key lengths [B] or None -> [B, L, F] (see the module docstring)."""
+  attention: Callable[..., nn.Module]  # the self-attention's constructor (self_attention.py),
+                                       # called with name="attention"
+  mlp_size: int                        # hidden width of the MLP
+  norm: str = "pre"                    # "pre" or "post"
+  is_causal: bool = False              # query i sees keys j ≤ i only
+  dropout_rate: float = 0.0            # on each residual branch
+  activation_dropout_rate: float = 0.0  # on the MLP's hidden units
+  dtype: Any = None                    # dtype of the matrix products (None: float32)
+
+  @nn.compact
+  def __call__(self, x: Array, key_value_seq_lengths: Array | None = None, *,
+               train: bool = False) -> Array:
+    if self.norm not in NORMS:
+      raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+    pre = self.norm == "pre"
+    drop = lambda rate, y: nn.Dropout(rate, deterministic=not train)(y)
+
+    def attention(y):
+      return self.attention(name="attention")(
+          y, is_causal=self.is_causal, key_value_seq_lengths=key_value_seq_lengths, train=train)
+
+    def mlp(y):
+      y = nn.gelu(nn.Dense(self.mlp_size, dtype=self.dtype, name="mlp_in")(y))
+      if self.activation_dropout_rate:   # only where used: the branch's dropout keeps its name
+        y = drop(self.activation_dropout_rate, y)
+      return nn.Dense(x.shape[-1], dtype=self.dtype, name="mlp_out")(y)
+
+    for branch, norm in ((attention, "attention_norm"), (mlp, "mlp_norm")):
+      if pre:
+        x = x + drop(self.dropout_rate, branch(nn.LayerNorm(name=norm)(x)))
+      else:
+        x = nn.LayerNorm(name=norm)(x + drop(self.dropout_rate, branch(x)))
+    return x

@@ -1,0 +1,105 @@
+"""TransformerBlock against torch.nn.TransformerEncoderLayer with the same weights: pre- and
+post-norm, causal or not, with padded keys (flax's nn.gelu is the tanh approximation;
+LayerNorm eps 1e-6)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.models.self_attention import ATTENTIONS, self_attention
+from research.models.transformer_block import TransformerBlock
+
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
+B, L, F, HEADS, MLP = 2, 9, 16, 2, 64
+
+
+def torch_layer(norm_first: bool):
+  torch = pytest.importorskip("torch")
+  torch.manual_seed(0)
+  layer = torch.nn.TransformerEncoderLayer(
+      F, HEADS, dim_feedforward=MLP, dropout=0.0, batch_first=True, norm_first=norm_first,
+      layer_norm_eps=1e-6, activation=lambda x: torch.nn.functional.gelu(x, approximate="tanh"))
+  for norm in (layer.norm1, layer.norm2):                          # not the default 1 and 0
+    torch.nn.init.normal_(norm.weight, 1.0, 0.2)
+    torch.nn.init.normal_(norm.bias, 0.0, 0.2)
+  return torch, layer
+
+
+def params_of(layer):
+  from research.attention.torch_import import from_torch
+  dense = lambda linear: {"kernel": jnp.asarray(linear.weight.detach().numpy().T),
+                          "bias": jnp.asarray(linear.bias.detach().numpy())}
+  norm = lambda n: {"scale": jnp.asarray(n.weight.detach().numpy()),
+                    "bias": jnp.asarray(n.bias.detach().numpy())}
+  return {"attention": from_torch(layer.self_attn)[1]["params"],
+          "attention_norm": norm(layer.norm1), "mlp_norm": norm(layer.norm2),
+          "mlp_in": dense(layer.linear1), "mlp_out": dense(layer.linear2)}
+
+
+@pytest.mark.parametrize("norm, is_causal, padded", [
+    ("pre", True, False), ("post", False, True), ("pre", False, True), ("post", True, False)])
+def test_the_block_equals_torchs_transformer_encoder_layer(norm, is_causal, padded):
+  torch, layer = torch_layer(norm_first=norm == "pre")
+  x = np.random.default_rng(0).normal(size=(B, L, F)).astype(np.float32)
+  lengths = np.array([L, 5]) if padded else None
+  kwargs = {}
+  if is_causal:
+    kwargs = dict(src_mask=torch.nn.Transformer.generate_square_subsequent_mask(L),
+                  is_causal=True)
+  if padded:
+    kwargs["src_key_padding_mask"] = torch.from_numpy(np.arange(L)[None] >= lengths[:, None])
+  layer.eval()
+  with torch.no_grad():
+    expected = layer(torch.from_numpy(x), **kwargs).numpy()
+  block = TransformerBlock(self_attention("full", num_heads=HEADS, features=F), MLP, norm=norm,
+                           is_causal=is_causal)
+  ours = block.apply({"params": params_of(layer)}, jnp.asarray(x),
+                     None if lengths is None else jnp.asarray(lengths))
+  np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_acts_on_both_branches_and_the_hidden_units_in_training_only():
+  """With train=True the output changes and depends on the dropout key; train=False equals
+  rate 0; the activation dropout alone changes the output too."""
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(B, L, F)), jnp.float32)
+  attention = self_attention("full", num_heads=HEADS, features=F)
+  plain = TransformerBlock(attention, MLP)
+  params = plain.init(jax.random.key(0), x)["params"]
+  reference = plain.apply({"params": params}, x)
+  for rates in ((0.5, 0.0), (0.0, 0.5)):
+    block = TransformerBlock(attention, MLP, dropout_rate=rates[0],
+                             activation_dropout_rate=rates[1])
+    np.testing.assert_array_equal(block.apply({"params": params}, x), reference)
+    drawn = [block.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.key(s)})
+             for s in (0, 1)]
+    assert not np.allclose(drawn[0], reference) and not np.allclose(drawn[0], drawn[1])
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+def test_every_attention_is_a_block_and_ignores_padded_keys(name):
+  """Changing the inputs at padded positions leaves the real positions' outputs unchanged."""
+  x = np.random.default_rng(2).normal(size=(B, 8, F)).astype(np.float32)
+  lengths = jnp.asarray([8, 5])
+  attention = self_attention(name, num_heads=HEADS, features=F, window=2, max_length=8,
+                             proj_len=4, compression=2)
+  block = TransformerBlock(attention, MLP, norm="post")
+  params = block.init(jax.random.key(0), jnp.asarray(x), lengths)["params"]
+  y = x.copy()
+  y[1, 5:] += 3.0
+  out_x, out_y = (block.apply({"params": params}, jnp.asarray(v), lengths) for v in (x, y))
+  np.testing.assert_allclose(out_x[0], out_y[0], atol=1e-6)
+  np.testing.assert_allclose(out_x[1, :5], out_y[1, :5], atol=1e-5)
+  assert not np.allclose(out_x[1, 5:], out_y[1, 5:])
+
+
+def test_bad_names_are_refused():
+  with pytest.raises(ValueError, match="attention must be one of"):
+    self_attention("sparse_typo", num_heads=2, features=8)
+  with pytest.raises(ValueError, match="needs a window"):
+    self_attention("local", num_heads=2, features=8)
+  x = jnp.zeros((1, 4, 8))
+  with pytest.raises(ValueError, match="norm must be one of"):
+    TransformerBlock(self_attention("full", num_heads=2, features=8), 16, norm="mid").init(
+        jax.random.key(0), x)
