@@ -12,16 +12,11 @@ where). The choice is staged per lowering platform (`platforms.per_platform`), s
 traced on a CPU machine and lowered for a TPU runs splash's kernel there. A request the
 implementation can do on no platform fails when traced, naming what is missing and the
 implementations that can; one it can do elsewhere fails when lowered for a platform it
-cannot run on:
-
-  implementation  what it is
-  "dense"         materialises the weights [batch, H, q_len, kv_len] (return_weights=True)
-  "chunked"       exact in O(n) memory; skips key blocks a causal / windowed query block
-                  cannot see
-  "banded"        sliding window (required) in O(n·(w + |G|)), without a dense mask
-  "cudnn"         NVIDIA's fused kernel through jax.nn (research/attention/kernels/cudnn.py)
-  "pallas_gpu"    our Pallas flash kernel, Triton (research/attention/kernels/pallas_gpu.py)
-  "pallas_tpu"    Pallas TPU splash attention (research/attention/kernels/pallas_tpu.py)
+cannot run on. In short: dense materialises the weights [batch, H, q_len, kv_len]
+(return_weights=True); chunked is exact in O(n) memory, skipping the key blocks a causal or
+windowed query block cannot see; banded takes a sliding window in O(n·(w + |G|)) without a
+dense mask; cudnn, pallas_gpu (Triton) and pallas_tpu (splash) are the fused kernels of
+`kernels/`.
 
 Named and lowered for a CPU, the Pallas kernels run in Pallas interpret mode (for tests);
 lowered for their own platform they are the real kernels.
