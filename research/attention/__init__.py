@@ -1,4 +1,4 @@
-"""Attention: score functions × patterns × compute strategies (SPEC section 1).
+"""Attention: score functions × patterns × compute strategies.
 
 Functional core: `dot_product_attention` (dense / chunked / banded), masks, and the
 registry of implementations (`register_implementation` plugs in a new kernel).

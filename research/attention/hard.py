@@ -1,4 +1,4 @@
-"""Hard (stochastic) attention of Xu et al. 2015: each query reads one key (SPEC section 1).
+"""Hard (stochastic) attention of Xu et al. 2015: each query reads one key.
 
 A query chooses one visible key s, the most likely (argmax) or a sample
 s ~ p = softmax(logits over the visible keys), and reads its value: context = v_s.

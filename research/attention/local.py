@@ -1,4 +1,4 @@
-"""Local attention of Luong et al. 2015: local-m and local-p (SPEC section 1).
+"""Local attention of Luong et al. 2015: local-m and local-p.
 
 Decoder step t attends to the source window [p_t − D, p_t + D] around an aligned
 position p_t:

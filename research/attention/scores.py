@@ -1,4 +1,4 @@
-"""Score functions: how well a query matches each key (SPEC section 1).
+"""Score functions: how well a query matches each key.
 
 Every score maps queries q [..., q_len, d_q] and keys k [..., kv_len, d_k] to logits
 [..., q_len, kv_len], accumulated in at least float32 whatever the input dtype:

@@ -6,7 +6,8 @@ from research.errors import ConfigError
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Shared defaults. Experiments override values, never derive them (see STYLE.md)."""
+  """Shared defaults. Experiments override values, never derive them: a derived value would
+  go stale when a later `--config.x=` override changes what it was derived from."""
   config = ml_collections.ConfigDict()
   config.task = ""                    # the registered task that builds model, data and loss
   config.seed = 0                     # parameters, data order, dropout

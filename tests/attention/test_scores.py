@@ -63,7 +63,7 @@ def reference_logits(name: str, params: dict, q: np.ndarray, k: np.ndarray) -> n
 
 
 def parameter_shapes(name: str, d_q: int, d_k: int) -> dict[str, tuple[int, ...]]:
-  """The parameters each formula names, with the shapes the SPEC gives them."""
+  """The parameters each formula names, with the shapes their formulas give them."""
   return {
       "dot": {}, "scaled_dot": {},
       "general": {"w": (d_q, d_k)},
