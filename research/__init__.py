@@ -1,1 +1,8 @@
-"""A JAX/Flax research codebase for attention mechanisms and recurrent networks."""
+"""A JAX/Flax research codebase for attention mechanisms and recurrent networks.
+
+research.attention (attention functions, modules and kernels), research.recurrent (RNN,
+LSTM, GRU layers), research.models (the experiments' models), research.data, research.tasks
+and research.training (the train loop, checkpoints, sweeps).
+"""
+
+__version__ = "0.1.0"
