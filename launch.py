@@ -31,7 +31,7 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from absl import app, flags, logging
   from ml_collections import config_flags
 
-  from research import tasks
+  from research import experiments
   from research.aot import targets
   from research.errors import ConfigError, RunFailed, UserError
   from research.training import Stopped, distributed, run_sweep, train_and_evaluate
@@ -137,22 +137,22 @@ def parse_flags(argv: list[str]):
 
 
 def main(config, module, name: str, verbose: bool) -> None:
-  """Trains config's task (or every point of the module's sweep) into --workdir."""
+  """Trains config's experiment (or every point of the module's sweep) into --workdir."""
   if not verbose:
     quiet_libraries()
   suffix = f"-{_COMPILE_ONLY.value}" if _COMPILE_ONLY.value else ""
   workdir = _WORKDIR.value or os.path.join(
       ROOT, "runs", f"{name}{suffix}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   try:
-    task = tasks.get(config.task)
+    experiment = experiments.get(config.experiment)
     if _COMPILE_ONLY.value:
       start_backends(verbose)
       check_shared(config)
-      task.validate(config)
+      experiment.validate(config)
       with jax_start.held_back(not verbose):     # libtpu logs when its topology starts
         target_devices(_COMPILE_ONLY.value)
       with jax_start.held_back(not verbose, show_on_error=False):   # XLA's remat warnings
-        result = compile_only(config, workdir, task, _COMPILE_ONLY.value)
+        result = compile_only(config, workdir, experiment, _COMPILE_ONLY.value)
       print(table(result))
       print(f"report: {os.path.join(workdir, 'compile_report.json')}")
       return
@@ -161,10 +161,10 @@ def main(config, module, name: str, verbose: bool) -> None:
     if _SWEEP.value:
       if not hasattr(module, "get_sweep"):
         raise ConfigError(f"{module.__file__} defines no get_sweep(); --sweep needs one")
-      run_sweep(config, module.get_sweep(), workdir, task)
+      run_sweep(config, module.get_sweep(), workdir, experiment)
       print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
     else:
-      final = train_and_evaluate(config, workdir, task)
+      final = train_and_evaluate(config, workdir, experiment)
       print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2))
       print(f"workdir: {workdir}")
   except UserError as error:

@@ -1,13 +1,13 @@
 """The accelerator report: one command on a GPU or TPU machine, one markdown file.
 
-    python3 tasks.py bench accelerator [--output runs/accelerator_report.md] [--suite]
+    python3 project.py bench accelerator [--output runs/accelerator_report.md] [--suite]
 
 Runs, each as a subprocess with its own time limit (LIMITS: under 10 minutes in all),
 and writes what each printed, its command and its wall time:
 
   1. the tests marked gpu / tpu            pytest -m "gpu or tpu"
   2. the whole suite at JAX's defaults     pytest -n auto (on a CPU only with --suite: the
-                                           CPU's suite is `python3 tasks.py test`)
+                                           CPU's suite is `python3 project.py test`)
   3. the attention table                   benchmarks/attention.py: on a GPU, bf16 causal /
                                            window 256 / window 256 + 16 global tokens at
                                            (4, 2048, 8, 64), (4, 8192, 8, 64), (1, 32768, 8,
@@ -106,7 +106,7 @@ def main():
   parts.append(section(f"Tests marked {marker}", [*PYTEST, "-m", marker, "tests"],
                        LIMITS["tests"], pytest_summary))
   if cpu and not args.suite:
-    parts.append("## The whole suite\n\nSkipped on a CPU: it is `python3 tasks.py test` "
+    parts.append("## The whole suite\n\nSkipped on a CPU: it is `python3 project.py test` "
                  "(or pass --suite).\n")
   else:
     parts.append(section("The whole suite at JAX's default settings",

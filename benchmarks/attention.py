@@ -1,6 +1,6 @@
 """Causal self-attention forward + backward: our implementations against jax.nn and torch.
 
-    python3 tasks.py bench attention          # every length (several minutes on 2 cores)
+    python3 project.py bench attention          # every length (several minutes on 2 cores)
     python benchmarks/attention.py --lengths 2048 --repeats 5
 
 On a GPU it prints the bf16 table of `attention_gpu.py` (our kernels, cuDNN, torch SDPA,

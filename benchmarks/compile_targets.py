@@ -1,6 +1,6 @@
 """Every experiment compiled for accelerators this machine does not have: the README's table.
 
-    python3 tasks.py bench compile_targets [--targets tpu-v5e-1,tpu-v4-8,h100,t4]
+    python3 project.py bench compile_targets [--targets tpu-v5e-1,tpu-v4-8,h100,t4]
 
 For each experiment's default config (and the listops `lra` preset in bfloat16, char_lm's
 transformer), `research.training.compile_only` compiles the train and eval steps for each
@@ -25,7 +25,7 @@ from research import jax_start  # noqa: E402
 jax_start.cpu_unless_accelerators()
 
 import launch  # noqa: E402
-from research import tasks  # noqa: E402
+from research import experiments  # noqa: E402
 from research.errors import ConfigError  # noqa: E402
 from research.training.compile import gib  # noqa: E402
 from research.training.compile_only import compile_only  # noqa: E402
@@ -54,7 +54,7 @@ def row(name: str, target: str, workdir: str) -> str:
     config.train.batch_size -= config.train.batch_size % 8
   start = time.perf_counter()
   try:
-    report = compile_only(config, workdir, tasks.get(config.task), target)
+    report = compile_only(config, workdir, experiments.get(config.experiment), target)
   except ConfigError as error:
     return f"| {name} | {target} | no | {error} | | | | {time.perf_counter() - start:.0f} |"
   train = report["steps"]["train"]

@@ -1,6 +1,6 @@
 """Forward + backward time of our recurrent layers against cuDNN, PyTorch and flax.linen.
 
-    python3 tasks.py bench recurrent             # CPU defaults (a few minutes on 2 cores)
+    python3 project.py bench recurrent             # CPU defaults (a few minutes on 2 cores)
     python benchmarks/recurrent.py --shapes base --repeats 15
     python benchmarks/recurrent.py               # on a GPU: the four GPU rows, float32 + bfloat16
     python benchmarks/recurrent.py --shapes all --cells lstm --dtypes float32,bfloat16

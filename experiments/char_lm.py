@@ -8,7 +8,7 @@ research/data/python_corpus.py), split 90 / 5 / 5 by a hash of each file's path;
 manifest (Python version, each split's files, bytes, digests) is printed and written as
 corpus_manifest.json. Training windows are 128 random bytes; the report scores every byte
 of the whole test split, files read whole with the recurrent state carried through them
-(research/tasks/char_lm.py), next to zlib -9 and xz -9e of the same bytes, and writes
+(research/experiments/char_lm.py), next to zlib -9 and xz -9e of the same bytes, and writes
 samples.txt (4 continuations of "def ", temperature 0.8).
 
 Expected (CPython 3.11.7, test split of 95 files, 1 843 688 bytes), the default GRU
@@ -60,7 +60,7 @@ VARIANTS = {"model": "gru"}
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variant = parse_variants(arg, VARIANTS, {"model": tuple(MODELS)})
   config = base_config()
-  config.task = "char_lm"
+  config.experiment = "char_lm"
   config.train.num_steps, config.train.learning_rate = TRAIN[variant["model"]]
   config.train.batch_size = 32
   config.train.warmup_steps = 100

@@ -6,7 +6,7 @@ y = 2 sin x + x^0.8 + N(0, 0.5²), 50 training points, test grid 0, 0.1, …, 4.
 For the Gaussian, box and triangle kernels: test MSE against the true function with the
 fixed bandwidth h = 1, the learned one (AdamW on the leave-one-out training MSE), the
 leave-one-out cross-validated one (grid search) and the oracle (the grid's best test MSE),
-and linear regression (research/tasks/kernel_regression.py). Writes attention_<kernel>.png
+and linear regression (research/experiments/kernel_regression.py). Writes attention_<kernel>.png
 (weights, test × train) and fit.svg (the fits and the training points) into the workdir.
 
 Expected (seed 0): test MSE against the true f (bandwidth h in brackets), in about 8 s on a
@@ -51,7 +51,7 @@ SWEEP_SEEDS = 20
 
 def get_config() -> ml_collections.ConfigDict:
   config = base_config()
-  config.task = "kernel_regression"
+  config.experiment = "kernel_regression"
   config.train.num_steps = 300
   config.train.batch_size = 50            # every training point in each step (≤ data.num_train)
   config.train.learning_rate = 0.05       # on log h

@@ -58,7 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variant = parse_variants(arg, VARIANTS, {"preset": tuple(PRESETS), "attention": ATTENTIONS})
   preset = PRESETS[variant["preset"]]
   config = base_config()
-  config.task = "listops"
+  config.experiment = "listops"
   config.train.update(preset["train"])
   config.train.schedule = "rsqrt"
   config.train.adam_b2 = 0.98

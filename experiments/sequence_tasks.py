@@ -1,6 +1,6 @@
 """sequence_tasks: RNN vs LSTM vs GRU vs attention as the dependency distance T grows.
 
-Tasks (research/tasks/sequence_tasks.py): copy and reverse (copy memory: K symbols, T
+Tasks (research/experiments/sequence_tasks.py): copy and reverse (copy memory: K symbols, T
 blanks, a delimiter, then the K symbols to output), adding (Hochreiter & Schmidhuber's
 adding problem of length T: MSE, accuracy = fraction with |error| < 0.04; always
 answering 1 scores MSE ≈ 0.167) and recall (K key-value pairs, T blanks, a query key).
@@ -89,7 +89,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variant = parse_variant(arg)
   task = TASKS[variant["task"]]
   config = base_config()
-  config.task = "sequence_tasks"
+  config.experiment = "sequence_tasks"
   config.train.num_steps, config.train.learning_rate = TRAIN[variant["task"]][variant["model"]]
   config.train.batch_size = 64
   config.train.warmup_steps = 100

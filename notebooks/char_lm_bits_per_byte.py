@@ -62,7 +62,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
 import char_lm as experiment
-from research import tasks
+from research import experiments
 from research.training import apply_overrides, train_and_evaluate
 from research.training.plots import figure_png
 
@@ -96,7 +96,7 @@ for kind in MODELS:
   if not os.path.exists(os.path.join(run, "final_metrics.json")):
     config = apply_overrides(experiment.get_config(f"model={kind}"), SIZE)
     with contextlib.redirect_stderr(io.StringIO()):
-      train_and_evaluate(config, run, tasks.get(config.task))
+      train_and_evaluate(config, run, experiments.get(config.experiment))
   results[kind] = json.loads(read(kind, "final_metrics.json"))
 
 # %% [markdown]

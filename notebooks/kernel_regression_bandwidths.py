@@ -59,21 +59,21 @@ import tempfile
 from IPython.display import SVG, Image, Markdown, display
 
 import kernel_regression as experiment
-from research import tasks
+from research import experiments
 from research.training import apply_overrides, run_sweep, train_and_evaluate
 
 QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
 SIZE = {"train.num_steps": 100, "train.eval_every": 50} if QUICK else {}
 workdir = tempfile.mkdtemp(prefix="kernel_regression_")
 config = apply_overrides(experiment.get_config(), SIZE)
-KERNELS = config.model.kernels.split(",")
+SMOOTHING_KERNELS = config.model.kernels.split(",")
 METHODS = ("fixed", "learned", "loo", "oracle")
 
 
 def table(metrics: dict) -> str:
   """Markdown: test MSE per kernel and bandwidth choice, linear regression last."""
   lines = ["| kernel | " + " | ".join(METHODS) + " |", "|---" * (len(METHODS) + 1) + "|"]
-  for kernel in KERNELS:
+  for kernel in SMOOTHING_KERNELS:
     lines.append(f"| {kernel} | " + " | ".join(
         f"{metrics[f'test/mse_{kernel}_{m}']:.4f}" for m in METHODS) + " |")
   lines.append(f"| linear regression | {metrics['test/mse_linear']:.4f} |" + " |" * 3)
@@ -87,7 +87,7 @@ def table(metrics: dict) -> str:
 # %%
 run = os.path.join(workdir, "seed0")
 with contextlib.redirect_stderr(io.StringIO()):     # progress lines: see metrics.jsonl
-  final = train_and_evaluate(config, run, tasks.get(config.task))
+  final = train_and_evaluate(config, run, experiments.get(config.experiment))
 display(Markdown(table(final)))
 
 # %% [markdown]
@@ -109,10 +109,10 @@ for name in sorted(f for f in os.listdir(run) if f.startswith("attention_")):
 # %%
 points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()
 with contextlib.redirect_stderr(io.StringIO()):
-  rows = run_sweep(config, points, os.path.join(workdir, "seeds"), tasks.get(config.task))
+  rows = run_sweep(config, points, os.path.join(workdir, "seeds"), experiments.get(config.experiment))
 mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0] if k.startswith("test/mse")}
 display(Markdown(f"Mean over {len(rows)} seeds:\n\n" + table(mean)))
-for kernel in KERNELS:
+for kernel in SMOOTHING_KERNELS:
   oracle = mean[f"test/mse_{kernel}_oracle"]
   print(f"{kernel:9s} learned / oracle {mean[f'test/mse_{kernel}_learned'] / oracle:.2f}   "
         f"loo / oracle {mean[f'test/mse_{kernel}_loo'] / oracle:.2f}")

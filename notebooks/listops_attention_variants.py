@@ -59,7 +59,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
 import listops as experiment
-from research import tasks
+from research import experiments
 from research.training import apply_overrides, run_sweep
 from research.training.plots import figure_png
 
@@ -84,7 +84,7 @@ config = apply_overrides(experiment.get_config("preset=cpu"),
 
 # %%
 points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()   # CI: full, local, longformer
-rows = run_sweep(config, points, workdir, tasks.get(config.task))
+rows = run_sweep(config, points, workdir, experiments.get(config.experiment))
 
 # %% [markdown]
 # ## Accuracy, speed and memory beside LRA's Table 1

@@ -57,7 +57,7 @@ import tempfile
 from IPython.display import Image, Markdown, display
 
 import nmt_dates
-from research import tasks
+from research import experiments
 from research.training import apply_overrides, train_and_evaluate
 
 QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
@@ -89,7 +89,7 @@ for name, variant in VARIANTS.items():
   config = apply_overrides(nmt_dates.get_config(variant), SIZE)
   with contextlib.redirect_stderr(io.StringIO()):     # progress lines: see metrics.jsonl
     results[name] = train_and_evaluate(config, os.path.join(workdir, variant),
-                                       tasks.get(config.task))
+                                       experiments.get(config.experiment))
 
 # %% [markdown]
 # ## Exact match on held-out dates

@@ -61,7 +61,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
 import sequence_tasks as experiment
-from research import tasks
+from research import experiments
 from research.training import run_sweep
 from research.training.plots import figure_png
 from research.training.sweep import point_name
@@ -86,7 +86,7 @@ LENGTHS = sorted({p["data.length"] for p in points})
 
 # %%
 with contextlib.redirect_stderr(io.StringIO()):
-  rows = run_sweep(config, points, workdir, tasks.get(config.task))
+  rows = run_sweep(config, points, workdir, experiments.get(config.experiment))
 result = {(r["model.kind"], r["data.length"]): r for r in rows}
 
 # %% [markdown]

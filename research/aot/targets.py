@@ -23,8 +23,8 @@ TPU memory is what XLA's compile-only TPU client enforces ("exceeds available HB
 the description's `device_memory_size` (the driver's usable bytes), which XLA does not
 enforce deviceless: `report.fits` compares it with the compiled program.
 
-What the targets need installs with the `aot` extra (`python3 tasks.py test` installs it;
-`pip install -e ".[aot]"` with the pins `tasks.py` prints): libtpu, the CUDA plugin, ptxas
+What the targets need installs with the `aot` extra (`python3 project.py test` installs it;
+`pip install -e ".[aot]"` with the pins `project.py` prints): libtpu, the CUDA plugin, ptxas
 (Triton kernels) and cuDNN (cuDNN attention). JAX loads the plugins when it starts: on a
 machine without the accelerators they log to stderr, which `launch.py` keeps quiet.
 """
@@ -124,7 +124,7 @@ def devices_of(target: Target) -> tuple:
     raise TargetUnavailable(
         f"cannot compile for {target.description} here: {type(error).__name__}: "
         f"{str(error).splitlines()[0] if str(error) else ''}; install the toolchain with "
-        "`python3 tasks.py test` (its .venv has it) or pip install -e '.[aot]'") from error
+        "`python3 project.py test` (its .venv has it) or pip install -e '.[aot]'") from error
 
 
 def _put_ptxas_on_path() -> None:

@@ -24,7 +24,7 @@ from research.attention.hard import (
                                            reinforce_surrogate,
                                            update_moving_average_baseline,
 )
-from research.attention.kernel_regression import KERNELS, NadarayaWatson, nadaraya_watson
+from research.attention.nadaraya_watson import SMOOTHING_KERNELS, NadarayaWatson, nadaraya_watson
 from research.attention.local import LocalAttention, local_attention_weights
 from research.attention.masks import (
                                            Visibility,
@@ -62,7 +62,7 @@ from research.attention.scores import (
 from research.attention.torch_import import from_torch
 
 __all__ = [
-    "KERNELS", "SCORE_FUNCTIONS", "AdditiveScore", "AttentionRequest", "ConcatScore", "DotScore",
+    "SMOOTHING_KERNELS", "SCORE_FUNCTIONS", "AdditiveScore", "AttentionRequest", "ConcatScore", "DotScore",
     "GeneralScore", "HardAttention", "Implementation", "LinformerSelfAttention", "LocalAttention",
     "LocationScore", "MemoryCompressedAttention", "MultiHeadAttention", "NadarayaWatson",
     "ScaledDotScore", "Score", "Visibility", "additive_score", "attend", "baseline_loss",

@@ -1,4 +1,4 @@
-"""Task datasets and tokenisers: generated data and readers for user-supplied files."""
+"""Workload datasets and tokenisers: generated data and readers for user-supplied files."""
 
 from research.data.stream import GeneratedStream, ShuffledStream, Stream, eval_batches
 from research.data.text import Vocabulary, encode_pairs, read_parallel_corpus, tokenize

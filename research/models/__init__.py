@@ -1,4 +1,4 @@
-"""Task models composed from research.attention and research.recurrent.
+"""Workload models composed from research.attention and research.recurrent.
 
 `TransformerBlock` (transformer_block.py) is the one block of every transformer here; its
 self-attention is chosen by name (`self_attention`, self_attention.py), and `model.kind`

@@ -12,7 +12,7 @@ The recurrent model's `carry` is the layer's state, h [num_layers, B, hidden_siz
 rnn / gru and (h, c) for lstm: evaluating a long text in chunks, each chunk starting
 from the previous chunk's carry, gives the same logits as one pass over the whole text.
 The transformer has no carry (it returns None): its context is the bytes it is given,
-and a long text is scored with a sliding window (research/tasks/char_lm.py).
+and a long text is scored with a sliding window (research/experiments/char_lm.py).
 
 `sample` draws continuations of a prompt (temperature, top-k) from either kind.
 Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters; logits are float32.

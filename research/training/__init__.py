@@ -1,8 +1,8 @@
 """Runtime: the train loop, parallelism, checkpoints and metrics.
 
-    from research import tasks
+    from research import experiments
     from research.training import train_and_evaluate
-    final_metrics = train_and_evaluate(config, workdir, tasks.get(config.task))
+    final_metrics = train_and_evaluate(config, workdir, experiments.get(config.experiment))
     # config: an experiments/ get_config()
 """
 

@@ -6,7 +6,7 @@ strategy), compiles its train and eval steps deviceless for TARGET (`research.ao
 trains nothing, and writes `compile_report.json` into the workdir:
 
   target, platform, device_kind, chips          what it was compiled for
-  config                                        the experiment's task, model.dtype, batch
+  config                                        the experiment's workload, model.dtype, batch
   attention                                     {platform: the implementation each call runs
                                                 there}, per call, as traced (so a T4 shows
                                                 our Triton kernel where cuDNN cannot run)
@@ -32,7 +32,7 @@ from research.attention import registry
 from research.errors import ConfigError
 from research.training import parallel
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
-from research.training.task import TaskBuilder
+from research.training.experiment import Experiment
 from research.training.train_step import (
   init_state,
   learning_rate_schedule,
@@ -55,7 +55,7 @@ def target_devices(name: str) -> tuple[targets.Target, tuple]:
     raise ConfigError(f"--compile_only: {error}") from None
 
 
-def compile_only(config, workdir: str, task_builder: TaskBuilder, target_name: str) -> dict:
+def compile_only(config, workdir: str, experiment: Experiment, target_name: str) -> dict:
   """Compiles config's train and eval steps for `target_name`; returns the report (also
   written to workdir/compile_report.json)."""
   target, devices = target_devices(target_name)
@@ -63,18 +63,18 @@ def compile_only(config, workdir: str, task_builder: TaskBuilder, target_name: s
     raise ConfigError(f"config.train.batch_size={config.train.batch_size} must be divisible by "
                       f"the {len(devices)} devices of {target_name}")
   started = time.perf_counter()
-  task = (task_builder.build_shapes or task_builder.build)(config)
+  workload = (experiment.build_shapes or experiment.build)(config)
   strategy = parallel.MeshStrategy(devices, targets.COMPILER_OPTIONS.get(target.platform))
   optimizer, schedule = make_optimizer(config.train), learning_rate_schedule(config.train)
   init_rng, step_rng = jax.random.split(root_key(config.seed, target.platform))
   with refusals_as_config_errors():
     shapes = strategy.abstract_state(
-        jax.eval_shape(lambda rng: init_state(task, optimizer, rng), init_rng))
-  train_step = make_train_step(task, optimizer, schedule, step_rng, strategy.axis_name)
-  eval_step = make_eval_step(task, strategy.axis_name)
+        jax.eval_shape(lambda rng: init_state(workload, optimizer, rng), init_rng))
+  train_step = make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name)
+  eval_step = make_eval_step(workload, strategy.axis_name)
   memory = targets.memory_bytes(target)
   where = f"{target_name} ({devices[0].device_kind})"
-  batches = {"train": next(task.train_data), "eval": _largest(task.eval_data)}
+  batches = {"train": next(workload.train_data), "eval": _largest(workload.eval_data)}
   steps, attention = {}, []
   capability = targets.gpu_capability(target)
   gpu = registry.compiling_for_gpu(capability) if capability else contextlib.nullcontext()
@@ -118,7 +118,7 @@ def _largest(batches: list[dict]) -> dict:
 
 def _report(name, target, devices, config, steps, attention, started) -> dict:
   return {"target": name, "platform": target.platform, "device_kind": devices[0].device_kind,
-          "chips": len(devices), "task": config.task,
+          "chips": len(devices), "experiment": config.experiment,
           "dtype": config.model.get("dtype", "float32"),
           "batch_size": config.train.batch_size, "attention": attention, "steps": steps,
           "seconds": round(time.perf_counter() - started, 3)}
@@ -135,7 +135,7 @@ def _write(workdir: str, result: dict) -> None:
 
 def table(result: dict) -> str:
   """The report as a few lines for the terminal."""
-  lines = [f"{result['task']} on {result['target']} ({result['chips']} x "
+  lines = [f"{result['experiment']} on {result['target']} ({result['chips']} x "
            f"{result['device_kind']}), {result['dtype']}, batch {result['batch_size']}; "
            f"attention: {', '.join(result['attention']) or '-'}"]
   for name, step in result["steps"].items():

@@ -1,4 +1,4 @@
-"""The keys every experiment config shares; experiments add `task`, `model` and `data`."""
+"""The keys every experiment config shares; experiments add `experiment`, `model` and `data`."""
 
 import ml_collections
 
@@ -9,7 +9,7 @@ def base_config() -> ml_collections.ConfigDict:
   """Shared defaults. Experiments override values, never derive them: a derived value would
   go stale when a later `--config.x=` override changes what it was derived from."""
   config = ml_collections.ConfigDict()
-  config.task = ""                    # the registered task that builds model, data and loss
+  config.experiment = ""              # the registered experiment: builds model, data and loss
   config.seed = 0                     # parameters, data order, dropout
 
   config.train = ml_collections.ConfigDict()

@@ -1,7 +1,8 @@
-"""train_and_evaluate(config, workdir, task): the one train loop behind every experiment.
+"""train_and_evaluate(config, workdir, experiment): the one train loop behind every experiment.
 
-The loop is handed its task (a `research.training.task.TaskBuilder`, e.g.
-`tasks.get(config.task)` from the registry) and knows nothing of where experiments live.
+The loop is handed its experiment (a `research.training.experiment.Experiment`, e.g.
+`experiments.get(config.experiment)` from the registry), builds its workload and knows nothing
+of where experiments live.
 What a run guarantees:
 
   kill -9, a crash      rerunning the command resumes from the latest checkpoint and
@@ -38,7 +39,7 @@ from research.training.compile import (
   refusals_as_config_errors,
 )
 from research.training.metrics import MetricsWriter, NonFiniteLossError, Progress
-from research.training.task import TaskBuilder
+from research.training.experiment import Experiment
 from research.training.train_step import (
   init_state,
   learning_rate_schedule,
@@ -70,37 +71,37 @@ class WriteError(RunFailed):
   """A file of the workdir could not be written (a full disk, say)."""
 
 
-def validate(config, task: TaskBuilder) -> None:
+def validate(config, experiment: Experiment) -> None:
   """Raises ConfigError for any bad value, before anything is built or compiled."""
   check_shared(config)
   check_devices(config)
-  task.validate(config)
+  experiment.validate(config)
 
 
-def train_and_evaluate(config, workdir: str, task: TaskBuilder) -> dict:
-  """Validates `config`, then trains `task` in `workdir` (see `train`)."""
-  validate(config, task)
-  return train(config, workdir, task)
+def train_and_evaluate(config, workdir: str, experiment: Experiment) -> dict:
+  """Validates `config`, then trains `experiment` in `workdir` (see `train`)."""
+  validate(config, experiment)
+  return train(config, workdir, experiment)
 
 
-def train(config, workdir: str, task: TaskBuilder) -> dict:
+def train(config, workdir: str, experiment: Experiment) -> dict:
   """Trains a config that `validate` accepted in `workdir`, resuming from its latest
   checkpoint.
 
   Returns the final metrics (also written to final_metrics.json): the last
-  evaluation, the task's report, and perf/* figures (compile seconds, steps/s).
+  evaluation, the workload's report, and perf/* figures (compile seconds, steps/s).
   Raises WorkdirError, ConfigError (a workdir of another config), InputError (a
   malformed data file), CheckpointMismatchError, Stopped, or a RunFailed.
   """
   with workdirs.hold(workdir):
     _check_config(config, workdir)
-    return _train(config, workdir, task)
+    return _train(config, workdir, experiment)
 
 
-def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
+def _train(config, workdir: str, experiment: Experiment) -> dict:
   train, started = config.train, time.perf_counter()
 
-  # ---- Task, optimizer, the steps compiled from shapes (refusals before anything runs) ---
+  # ---- Workload, optimizer, the steps compiled from shapes (refusals before anything runs) ---
   strategy = parallel.make_strategy(train.parallelism)
   device = jax.local_devices()[0]
   optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
@@ -111,13 +112,13 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
                               batch_size=train.batch_size)
   traces = []
 
-  def steps(task):
-    """The task's train and eval steps, compiled per batch shape on first sight."""
+  def steps(workload):
+    """The workload's train and eval steps, compiled per batch shape on first sight."""
     init_rng, step_rng = keys()
     with refusals_as_config_errors():           # init traces the model's attention too
-      shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(task, optimizer, r),
+      shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(workload, optimizer, r),
                                                       init_rng))
-    step_fn = make_train_step(task, optimizer, schedule, step_rng, strategy.axis_name)
+    step_fn = make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name)
 
     def traced_step(state, batch):
       traces.append(1)
@@ -126,21 +127,21 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
     return (CompiledPerShape(lambda b: checked("train", lambda: strategy.compile_step(
                 traced_step, shapes, strategy.abstract_batch(b)))),
             CompiledPerShape(lambda b: checked("eval", lambda: strategy.compile_eval(
-                make_eval_step(task, strategy.axis_name), shapes.params,
+                make_eval_step(workload, strategy.axis_name), shapes.params,
                 strategy.abstract_batch(b)))))
 
-  if task_builder.build_shapes is not None:   # the largest step, before making the data
-    largest = task_builder.build_shapes(config)
+  if experiment.build_shapes is not None:   # the largest step, before making the data
+    largest = experiment.build_shapes(config)
     steps(largest)[0].compile(next(largest.train_data))
     traces.clear()
-  task = task_builder.build(config)
-  train_step, eval_step = steps(task)
-  host_batch = next(task.train_data)
+  workload = experiment.build(config)
+  train_step, eval_step = steps(workload)
+  host_batch = next(workload.train_data)
   train_step.compile(host_batch)
-  eval_step.compile(task.eval_data[0])
+  eval_step.compile(workload.eval_data[0])
   _write_config(config, workdir)
-  _write_files(task.files, workdir)
-  state = jax.jit(lambda rng: init_state(task, optimizer, rng),
+  _write_files(workload.files, workdir)
+  state = jax.jit(lambda rng: init_state(workload, optimizer, rng),
                   out_shardings=strategy.state_sharding)(keys()[0])
 
   # ---- Resume -------------------------------------------------------------------------
@@ -148,15 +149,15 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
   if restored is not None:
     start, state, unlogged = restored.step, restored.state, _from_json(restored.unlogged_metrics)
-    task.train_data.set_state(restored.data)
-    host_batch = next(task.train_data)
+    workload.train_data.set_state(restored.data)
+    host_batch = next(workload.train_data)
     if jax.process_index() == 0:
       print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
   writer = MetricsWriter(workdir, resume_step=start)
   state = strategy.put_state(state)
 
   def evaluate(state) -> dict:
-    sums = [eval_step.compile(b)(state.params, strategy.put_batch(b)) for b in task.eval_data]
+    sums = [eval_step.compile(b)(state.params, strategy.put_batch(b)) for b in workload.eval_data]
     sums = jax.device_get([strategy.host_metrics(s) for s in sums])
     return {f"eval/{name}": float(sum(s[name][0] for s in sums) / sum(s[name][1] for s in sums))
             for name in sums[0]}
@@ -167,7 +168,7 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
     try:
       for step in range(start + 1, train.num_steps + 1):
         if step > start + 1:
-          host_batch = next(task.train_data)
+          host_batch = next(workload.train_data)
         state, metrics = train_step.compile(host_batch)(state, strategy.put_batch(host_batch))
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
@@ -186,7 +187,7 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
           if jax.process_index() == 0:
             plots.plot_curves(writer.history, os.path.join(workdir, "loss.png"))
         if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
-          checkpoints.save(step, strategy.host_state(state), task.train_data.get_state(),
+          checkpoints.save(step, strategy.host_state(state), workload.train_data.get_state(),
                            _to_json(unlogged))
         checkpoints.raise_if_failed()
         if stopping:
@@ -201,8 +202,8 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   # ---- Final evaluation and report ------------------------------------------------------
   final = {k: v for r in writer.history if r["step"] == train.num_steps for k, v in r.items()
            if k != "step"}
-  if task.report is not None:
-    report = task.report(jax.device_get(strategy.host_state(state).params))
+  if workload.report is not None:
+    report = workload.report(jax.device_get(strategy.host_state(state).params))
     final |= report.metrics
     _write_report(report, workdir)
   final |= {"perf/compile_seconds": sum(train_step.seconds), "perf/train_step_traces": len(traces),

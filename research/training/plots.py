@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from research.training.task import Heatmap  # noqa: E402
+from research.training.experiment import Heatmap  # noqa: E402
 
 
 def plot_curves(history: list[dict], path: str, names=("train/loss", "eval/loss")) -> None:

@@ -5,7 +5,7 @@ import json
 import os
 
 from research.training.loop import train, validate
-from research.training.task import TaskBuilder
+from research.training.experiment import Experiment
 from research.training.validation import apply_overrides
 
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
@@ -16,14 +16,14 @@ def point_name(point: dict) -> str:
   return ",".join(f"{key}={value}" for key, value in point.items()).replace("/", "_")
 
 
-def run_sweep(config, points: list[dict], workdir: str, task: TaskBuilder) -> list[dict]:
+def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment) -> list[dict]:
   """Trains each point (resuming unfinished ones, skipping finished ones) and writes
   summary.csv / summary.md of the final metrics. Every point's config is validated
   once, before the first one starts. Returns one row per point: its overrides + final
   metrics."""
   configs = [apply_overrides(config, point) for point in points]
   for point_config in configs:
-    validate(point_config, task)
+    validate(point_config, experiment)
   rows = []
   for point, point_config in zip(points, configs, strict=True):
     point_dir = os.path.join(workdir, point_name(point))
@@ -32,7 +32,7 @@ def run_sweep(config, points: list[dict], workdir: str, task: TaskBuilder) -> li
       with open(done) as f:
         final = json.load(f)
     else:
-      final = train(point_config, point_dir, task)
+      final = train(point_config, point_dir, experiment)
     rows.append({**point, **final})
     write_summary(rows, workdir)
   return rows

@@ -10,7 +10,7 @@ import ml_collections
 import optax
 from jax import lax
 
-from research.training.task import Task
+from research.training.experiment import Workload
 
 
 @flax.struct.dataclass
@@ -57,12 +57,12 @@ def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransforma
   return adamw
 
 
-def init_state(task: Task, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
-  params = task.init(rng)
+def init_state(workload: Workload, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+  params = workload.init(rng)
   return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
 
 
-def make_train_step(task: Task, optimizer, schedule, rng: jax.Array, axis_name: str | None
+def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axis_name: str | None
                     ) -> Callable:
   """step(state, batch) -> (state, metrics). The key of step n is fold_in(rng, n), so a
   resumed run draws the same dropout masks; under pmap each device folds in its index."""
@@ -71,7 +71,7 @@ def make_train_step(task: Task, optimizer, schedule, rng: jax.Array, axis_name: 
     step_rng = jax.random.fold_in(rng, state.step)
     if axis_name is not None:
       step_rng = jax.random.fold_in(step_rng, lax.axis_index(axis_name))
-    (loss, metrics), grads = jax.value_and_grad(task.loss, has_aux=True)(
+    (loss, metrics), grads = jax.value_and_grad(workload.loss, has_aux=True)(
         state.params, batch, step_rng)
     metrics = {"loss": loss, **metrics}
     if axis_name is not None:
@@ -83,13 +83,13 @@ def make_train_step(task: Task, optimizer, schedule, rng: jax.Array, axis_name: 
   return step
 
 
-def make_eval_step(task: Task, axis_name: str | None) -> Callable:
+def make_eval_step(workload: Workload, axis_name: str | None) -> Callable:
   """evaluate(params, batch) -> {name: (Σ weight·numerator, Σ weight·denominator)}."""
 
   def evaluate(params, batch):
     weight = batch["weight"]
     sums = {name: (jnp.sum(weight * num), jnp.sum(weight * den))
-            for name, (num, den) in task.evaluate(params, batch).items()}
+            for name, (num, den) in workload.evaluate(params, batch).items()}
     return sums if axis_name is None else lax.psum(sums, axis_name)
 
   return evaluate

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from research import tasks
+from research import experiments
 from research.training.compile_only import compile_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,7 +38,7 @@ def _config(name: str):
   config, _ = launch.load_config(os.path.join(ROOT, CONFIGS[name]))
   if name == "listops_lra_bf16":
     config.model.dtype = "bfloat16"
-  if config.task == "nmt_dates":
+  if config.experiment == "nmt_dates":
     config.data.dir = ""     # nothing written outside the test's directory
   return config
 
@@ -49,7 +49,7 @@ def test_every_experiment_compiles_for_each_target_with_its_kernels(name, target
   config = _config(name)
   if target == "tpu-v4-8":     # 8 devices: the batch rounded down to a multiple of 8 (50 -> 48)
     config.train.batch_size -= config.train.batch_size % 8
-  report = compile_only(config, str(tmp_path), tasks.get(config.task), target)
+  report = compile_only(config, str(tmp_path), experiments.get(config.experiment), target)
   assert json.loads((tmp_path / "compile_report.json").read_text()) == report
   assert report["chips"] == (8 if target == "tpu-v4-8" else 1)
   for step in ("train", "eval"):

@@ -13,7 +13,7 @@ import tiny
 from research.training.checkpoints import Checkpoints
 from research.training.train_step import init_state, make_optimizer
 
-# One worker runs them all (tasks.py passes --dist loadgroup), so `reference` runs once.
+# One worker runs them all (project.py passes --dist loadgroup), so `reference` runs once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("faults")]
 
 LONG = {"train.num_steps": 600, "train.checkpoint_every": 100, "train.log_every": 50,

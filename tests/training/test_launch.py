@@ -8,14 +8,14 @@ import sys
 import pytest
 import tiny
 
-from research import tasks
+from research import experiments
 
 pytestmark = pytest.mark.slow
 
 NMT_DATES = os.path.join(tiny.ROOT, "experiments", "nmt_dates.py")
 # name: (config ("tiny", or a file of the case's directory), {file: bytes}, flags, message);
 # "{dir}" stands for the case's own directory. One case per kind of user error (the checks
-# themselves are tested in process: tests/tasks, tests/data, test_workdir, test_config_file).
+# themselves are tested in process: tests/experiments, tests/data, test_workdir, test_config_file).
 INVALID = {
     "unknown key": ("tiny", {}, ["--config.train.num_step=5"],
                     r"unknown config key config.train.num_step; keys under config.train: "),
@@ -31,8 +31,8 @@ INVALID = {
     "unknown task": ("task.py", {"task.py": b"from research.training import base_config\n"
                                             b"def get_config():\n  c = base_config()\n"
                                             b"  c.task = 'nope'\n  return c\n"}, [],
-                     "config.task='nope' is not allowed; choose one of: " +
-                     ", ".join(f"'{name}'" for name in tasks.names())),
+                     "config.experiment='nope' is not allowed; choose one of: " +
+                     ", ".join(f"'{name}'" for name in experiments.names())),
     "workdir is a file": ("tiny", {"file": b"x"}, ["--workdir={dir}/file"],
                           "workdir {dir}/file is a file, not a directory"),
     "corpus line without a tab": (NMT_DATES, {"c.tsv": b"a\tb\r\nno tab\n"},
@@ -116,8 +116,8 @@ def test_typo_in_an_override_of_the_default_config_exits_2(tmp_path):
 
 COUNTING_CONFIG = """
 import importlib.util, os
-from research import tasks
-from research.tasks import sequence_tasks
+from research import experiments
+from research.experiments import sequence_tasks
 
 
 def _log(event):
@@ -131,7 +131,7 @@ def _validate(config):
 
 
 _log("load")
-tasks.register("counted", validate=_validate, build=sequence_tasks.build)
+experiments.register("counted", validate=_validate, build=sequence_tasks.build)
 _spec = importlib.util.spec_from_file_location("base", {base!r})
 _base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_base)
@@ -140,7 +140,7 @@ _spec.loader.exec_module(_base)
 def get_config(arg=None):
   _log("get_config")
   config = _base.get_config(arg)
-  config.task = "counted"
+  config.experiment = "counted"
   return config
 """
 

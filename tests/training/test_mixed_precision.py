@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tiny
 
-from research import tasks
+from research import experiments
 from research.training.train_step import init_state, make_optimizer, make_train_step
 from research.training.validation import apply_overrides
 
@@ -36,7 +36,7 @@ STEPS = 80
 def _train(config):
   """(per-step losses, final state) of STEPS plain train steps, without the workdir loop."""
   config = apply_overrides(config, {"train.num_steps": STEPS})
-  task = tasks.get(config.task).build(config)
+  task = experiments.get(config.experiment).build(config)
   optimizer = make_optimizer(config.train)
   state = jax.jit(lambda rng: init_state(task, optimizer, rng))(jax.random.key(0))
   step = jax.jit(make_train_step(task, optimizer, lambda s: 0.0, jax.random.key(1), None))

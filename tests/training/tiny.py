@@ -26,9 +26,9 @@ def config(**overrides):
 
 def task():
   """The tiny config's task, as launch.py resolves it."""
-  from research import tasks  # noqa: PLC0415
+  from research import experiments  # noqa: PLC0415
 
-  return tasks.get("sequence_tasks")
+  return experiments.get("sequence_tasks")
 
 
 def launch_command(workdir: str, **overrides) -> list[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from research.data.text import EOS, Vocabulary
 from research.errors import InputError
-from research.tasks import nmt_dates
+from research.experiments import nmt_dates
 from research.training.loop import train_and_evaluate, validate
 from research.training.validation import ConfigError, apply_overrides
 

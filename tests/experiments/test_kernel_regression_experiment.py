@@ -18,8 +18,8 @@ from statsmodels.nonparametric import kernels as statsmodels_kernels
 from statsmodels.nonparametric.kernel_regression import KernelReg
 from statsmodels.regression.linear_model import OLS
 
-from research.data import kernel_regression as data
-from research.tasks import kernel_regression
+from research.data import regression_1d as data
+from research.experiments import kernel_regression
 from research.training.loop import train_and_evaluate
 from research.training.validation import ConfigError, apply_overrides
 
@@ -144,15 +144,15 @@ def test_linear_regression_equals_statsmodels_ols():
     ({"data.num_train": 1, "train.batch_size": 1}, "config.data.num_train=1 must be an int >= 2"),
     ({"model.grid_max": 0.005}, "config.model.grid_max=0.005 must be > config.model.grid_min"),
     ({"train.batch_size": 64}, "config.train.batch_size=64 must be <= config.data.num_train=50"),
-    ({"task": "kernel_regresion"}, "config.task='kernel_regresion' is not allowed; choose one "
+    ({"experiment": "kernel_regresion"}, "config.experiment='kernel_regresion' is not allowed; choose one "
      "of: .*'kernel_regression'"),
 ])
 def test_bad_values_are_named(overrides, message):
-  from research import tasks  # noqa: PLC0415
+  from research import experiments  # noqa: PLC0415
 
   config = apply_overrides(experiment.get_config(), overrides)
   with pytest.raises(ConfigError, match=message):
-    tasks.get(config.task).validate(config)
+    experiments.get(config.experiment).validate(config)
 
 
 def test_the_sweep_is_the_default_config_at_seeds_0_to_19():

@@ -59,8 +59,8 @@ from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError, InputError
 from research.models.kinds import KINDS
 from research.models.language_model import LanguageModel, sample
-from research.tasks.registry import register
-from research.training.task import Report, Task
+from research.experiments.registry import register
+from research.training.experiment import Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
@@ -266,8 +266,8 @@ def draw_samples(config, model: LanguageModel, params) -> str:
 
 # ---- The task -----------------------------------------------------------------------------
 
-def build(config) -> Task:
-  """Model, data and loss for config (validated); see research/training/task.py."""
+def build(config) -> Workload:
+  """Model, data and loss for config (validated); see research/training/experiment.py."""
   d, model = config.data, make_model(config)
   corpus = load_corpus(config)
   manifest = corpus.manifest()
@@ -297,7 +297,7 @@ def build(config) -> Task:
     metrics = test_metrics(config, model, params, corpus.texts("test", d.test_bytes))
     return Report(metrics=metrics, texts={SAMPLES: draw_samples(config, model, params)})
 
-  return Task(init=init, train_data=GeneratedStream(generate, config.train.batch_size,
+  return Workload(init=init, train_data=GeneratedStream(generate, config.train.batch_size,
                                                     config.seed),
               eval_data=eval_batches({"tokens": validation}, config.train.batch_size),
               loss=loss, evaluate=evaluate, report=report,

@@ -1,7 +1,7 @@
 """The kernel_regression experiment: Nadaraya–Watson regression as attention, bandwidth chosen
-four ways, against linear regression (the d2l.ai example; research/attention/kernel_regression.py).
+four ways, against linear regression (the d2l.ai example; research/attention/nadaraya_watson.py).
 
-Data (research/data/kernel_regression.py, drawn from config.seed): n noisy training points
+Data (research/data/regression_1d.py, drawn from config.seed): n noisy training points
 (x_i, y_i) of f(x) = 2 sin x + x^0.8 and a test grid with the noise-free f. A query x attends
 to the training points: f̂_h(x) = Σ_i α_h(x, x_i) y_i, α_h the normalised kernel of u = |x − x_i|/h.
 
@@ -39,12 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 from matplotlib.figure import Figure
 
-from research.attention.kernel_regression import KERNELS, NadarayaWatson, nadaraya_watson
-from research.data import kernel_regression as data
+from research.attention.nadaraya_watson import SMOOTHING_KERNELS, NadarayaWatson, nadaraya_watson
+from research.data import regression_1d as data
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError
-from research.tasks.registry import register
-from research.training.task import Heatmap, Report, Task
+from research.experiments.registry import register
+from research.training.experiment import Heatmap, Report, Workload
 from research.training.validation import check_positive, get
 
 Array = jax.Array
@@ -66,9 +66,9 @@ def validate(config) -> None:
   """Raises ConfigError for a bad config.data / config.model value, naming the key."""
   names = kernel_names(config)
   for name in names:
-    if name not in KERNELS:
+    if name not in SMOOTHING_KERNELS:
       raise ConfigError(f"config.model.kernels={config.model.kernels!r}: {name!r} is not "
-                        f"allowed; choose a comma-separated subset of: {', '.join(KERNELS)}")
+                        f"allowed; choose a comma-separated subset of: {', '.join(SMOOTHING_KERNELS)}")
   if len(set(names)) != len(names):
     raise ConfigError(f"config.model.kernels={config.model.kernels!r} names a kernel twice")
   check_positive(config, "data.num_train", "data.x_max", "data.test_spacing", "model.bandwidth",
@@ -151,8 +151,8 @@ def learned_bandwidths(params) -> dict[str, Array]:
   return {k: jnp.exp(p["log_bandwidth"]) for k, p in params.items()}
 
 
-def build(config) -> Task:
-  """Model, data and loss for config (validated); see research/training/task.py."""
+def build(config) -> Workload:
+  """Model, data and loss for config (validated); see research/training/experiment.py."""
   kernels, arrays = kernel_names(config), make_data(config)
   model = Regressors(kernels, config.model.bandwidth)
   x_train, y_train = jnp.asarray(arrays["x_train"]), jnp.asarray(arrays["y_train"])
@@ -188,7 +188,7 @@ def build(config) -> Task:
   train = {"x": arrays["x_train"], "y": arrays["y_train"],
            "index": np.arange(n, dtype=np.int32)}
   test = {"x": arrays["x_test"], "y": arrays["y_test"]}
-  return Task(init=init, train_data=ShuffledStream(train, config.train.batch_size, config.seed),
+  return Workload(init=init, train_data=ShuffledStream(train, config.train.batch_size, config.seed),
               eval_data=eval_batches(test, config.train.batch_size), loss=loss,
               evaluate=evaluate, report=report)
 

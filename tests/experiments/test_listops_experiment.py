@@ -9,7 +9,7 @@ import pytest
 
 from research.data import listops as listops_data
 from research.errors import InputError
-from research.tasks import listops
+from research.experiments import listops
 from research.training.loop import train_and_evaluate
 from research.training.train_step import learning_rate_schedule
 from research.training.validation import ConfigError, apply_overrides

@@ -10,12 +10,12 @@ import numpy as np
 import optax
 import pytest
 
-from research.attention.kernel_regression import NadarayaWatson, nadaraya_watson
+from research.attention.nadaraya_watson import NadarayaWatson, nadaraya_watson
 
 # Compared with the NumPy formula within 1e-5: full float32 products, not TF32.
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
-KERNELS = ["gaussian", "box", "triangle"]
+SMOOTHING_KERNELS = ["gaussian", "box", "triangle"]
 
 
 def numpy_nadaraya_watson(q, k, v, kernel, h):
@@ -28,7 +28,7 @@ def numpy_nadaraya_watson(q, k, v, kernel, h):
   return weights @ v, weights
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", SMOOTHING_KERNELS)
 def test_matches_numpy_formula(kernel):
   rng = np.random.default_rng(0)
   q, k, v = rng.normal(size=(3, 5, 2)), rng.normal(size=(3, 7, 2)), rng.normal(size=(3, 7, 4))

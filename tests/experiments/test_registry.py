@@ -8,9 +8,9 @@ import sys
 import pytest
 
 import research.training
-from research import tasks
+from research import experiments
 from research.errors import ConfigError
-from research.tasks import registry
+from research.experiments import registry
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "experiments")
@@ -20,27 +20,27 @@ def test_every_experiment_task_is_registered_under_its_config_name():
   sys.path.insert(0, EXPERIMENTS)
   configs = [importlib.import_module(name[:-3]).get_config()
              for name in sorted(os.listdir(EXPERIMENTS)) if name.endswith(".py")]
-  assert tasks.names() == sorted(config.task for config in configs)
-  for name in tasks.names():
-    assert tasks.get(name).name == name
+  assert experiments.names() == sorted(config.experiment for config in configs)
+  for name in experiments.names():
+    assert experiments.get(name).name == name
 
 
 def test_an_unknown_task_names_the_registered_ones():
-  with pytest.raises(ConfigError, match="config.task='nmt' is not allowed; choose one of: " +
-                     ", ".join(f"'{name}'" for name in tasks.names())):
-    tasks.get("nmt")
+  with pytest.raises(ConfigError, match="config.experiment='nmt' is not allowed; choose one of: " +
+                     ", ".join(f"'{name}'" for name in experiments.names())):
+    experiments.get("nmt")
 
 
 def test_a_new_task_registers_once(monkeypatch):
   monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-  builder = tasks.register("mine", validate=lambda config: None, build=lambda config: None)
-  assert tasks.get("mine") is builder and "mine" in tasks.names()
+  builder = experiments.register("mine", validate=lambda config: None, build=lambda config: None)
+  assert experiments.get("mine") is builder and "mine" in experiments.names()
   with pytest.raises(ValueError, match="'mine' is registered already"):
-    tasks.register("mine", validate=lambda config: None, build=lambda config: None)
+    experiments.register("mine", validate=lambda config: None, build=lambda config: None)
 
 
 def test_the_training_package_never_imports_the_tasks():
-  """The trainer is handed its task: research/training knows nothing of research.tasks."""
+  """The trainer is handed its task: research/training knows nothing of research.experiments."""
   directory = os.path.dirname(research.training.__file__)
   for name in sorted(os.listdir(directory)):
     if name.endswith(".py"):

@@ -31,8 +31,8 @@ from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError
 from research.models.kinds import KINDS
 from research.models.sequence_model import ATTENTIONS, SequenceModel
-from research.tasks.registry import register
-from research.training.task import Task
+from research.experiments.registry import register
+from research.training.experiment import Workload
 from research.training.validation import (
     COMPUTE_DTYPES,
     check_choice,
@@ -118,8 +118,8 @@ def example_metrics(task: str, outputs: jax.Array, targets: jax.Array
   return metrics
 
 
-def build(config) -> Task:
-  """Model, data and loss for config (validated); see research/training/task.py."""
+def build(config) -> Workload:
+  """Model, data and loss for config (validated); see research/training/experiment.py."""
   generate, model, task = generator(config), make_model(config), config.data.task
   example = generate(np.random.default_rng(0), 1)["inputs"]
   eval_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(1,)))
@@ -136,7 +136,7 @@ def build(config) -> Task:
     totals = {name: n.sum() / d.sum() for name, (n, d) in evaluate(params, batch).items()}
     return totals.pop("loss"), totals
 
-  return Task(init=init,
+  return Workload(init=init,
               train_data=GeneratedStream(generate, config.train.batch_size, config.seed),
               eval_data=eval_batches(generate(eval_rng, config.data.eval_examples),
                                      config.train.batch_size),

@@ -1,15 +1,15 @@
 """The contract between an experiment and the train loop.
 
-An experiment's task is a `TaskBuilder` (registered in the task registry under the name
-that `config.task` holds) with
+An `Experiment` (registered in research.experiments under the name that
+`config.experiment` holds) has
 
-  validate(config) -> None     raises ConfigError naming the key and the allowed values
-  build(config) -> Task        model, data and pure loss / evaluation functions
-  build_shapes(config) -> Task optional: the same, with placeholder batches of the largest
-                               shape (for compiling when the data is slow to make)
+  validate(config) -> None            raises ConfigError naming the key and the allowed values
+  build(config) -> Workload           model, data and pure loss / evaluation functions
+  build_shapes(config) -> Workload    optional: the same, with placeholder batches of the
+                                      largest shape (for compiling when the data is slow)
 
-and the loop, which is handed the TaskBuilder, does the rest (devices, optimizer,
-checkpoints, metrics). Everything in a Task except the data streams is a pure function
+and the loop, which is handed the Experiment, does the rest (devices, optimizer,
+checkpoints, metrics). Everything in a Workload except the data streams is a pure function
 of parameters, batches and keys.
 """
 
@@ -33,13 +33,14 @@ class Heatmap(NamedTuple):
 
 
 class Report(NamedTuple):
-  """What a task computes once training ends, beyond the periodic evaluation."""
+  """What a workload computes once training ends, beyond the periodic evaluation."""
   metrics: dict[str, float]                        # e.g. {"test/exact_match_beam": 0.99}
   heatmaps: dict[str, Heatmap] = {}                # file stem -> heatmap (drawn to PNG)
   texts: dict[str, str] = {}                       # file name -> content (e.g. predictions)
 
 
-class Task(NamedTuple):
+class Workload(NamedTuple):
+  """What the train loop trains: parameters' init, the data, the loss and the evaluation."""
   init: Callable[[Array], Params]
   # init(rng) -> params.
   train_data: Stream
@@ -58,14 +59,14 @@ class Task(NamedTuple):
   # file name -> content, written into the workdir at the start (e.g. vocabularies).
 
 
-class TaskBuilder(NamedTuple):
-  """A task as the loop receives it."""
-  name: str                                        # the value of config.task
+class Experiment(NamedTuple):
+  """An experiment as the loop receives it: how to check a config and build its workload."""
+  name: str                                        # the value of config.experiment
   validate: Callable[[Any], None]
   # validate(config): ConfigError for a bad config.model / config.data value, before any build.
-  build: Callable[[Any], Task]
-  # build(config) -> Task for a validated config; InputError for a malformed user file.
-  build_shapes: Callable[[Any], Task] | None = None
-  # build_shapes(config) -> a Task to compile, not train (`--compile_only`): the real
+  build: Callable[[Any], Workload]
+  # build(config) -> Workload for a validated config; InputError for a malformed user file.
+  build_shapes: Callable[[Any], Workload] | None = None
+  # build_shapes(config) -> a Workload to compile, not train (`--compile_only`): the real
   # model, loss and evaluation, with batches of the largest shape training meets, without
   # reading or generating the data. None: `build` is cheap enough.

@@ -34,8 +34,8 @@ from research.errors import ConfigError, InputError
 from research.models.encoder_classifier import POOLINGS, POSITIONS, EncoderClassifier
 from research.models.self_attention import ATTENTIONS
 from research.models.transformer_block import NORMS
-from research.tasks.registry import register
-from research.training.task import Report, Task
+from research.experiments.registry import register
+from research.training.experiment import Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
@@ -170,8 +170,8 @@ def batches(split: dict[str, np.ndarray], batch_size: int, boundaries) -> list[d
   return eval_batches(split, batch_size, split["lengths"], boundaries, trim=("tokens",))
 
 
-def build(config, data: Data | None = None) -> Task:
-  """Model, data and loss for config (validated); see research/training/task.py."""
+def build(config, data: Data | None = None) -> Workload:
+  """Model, data and loss for config (validated); see research/training/experiment.py."""
   data = load_data(config) if data is None else data
   model = make_model(config, data)
   train = data.splits["train"]
@@ -209,7 +209,7 @@ def build(config, data: Data | None = None) -> Task:
       metrics["lra/accuracy"] = LRA_TABLE_1[config.model.attention] / 100
     return Report(metrics)
 
-  return Task(init=init,
+  return Workload(init=init,
               train_data=ShuffledStream(train, config.train.batch_size, config.seed,
                                         train["lengths"], data.boundaries, trim=("tokens",)),
               eval_data=batches(data.splits["val"], config.train.batch_size, data.boundaries),

@@ -18,11 +18,11 @@ import numpy as np
 import optax
 import pytest
 
-from research import tasks
+from research import experiments
 from research.data import python_corpus
 from research.errors import ConfigError, InputError
 from research.models.language_model import LanguageModel
-from research.tasks import char_lm
+from research.experiments import char_lm
 from research.training.loop import train_and_evaluate, validate
 from research.training.validation import apply_overrides
 
@@ -52,8 +52,8 @@ def nll(model, params, tokens: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("model", ["lstm", "gru", "transformer"])
 def test_every_variant_validates(model):
   config = experiment.get_config(f"model={model}")
-  assert config.task == "char_lm" and config.model.kind == model
-  validate(config, tasks.get("char_lm"))
+  assert config.experiment == "char_lm" and config.model.kind == model
+  validate(config, experiments.get("char_lm"))
 
 
 def test_the_default_is_a_recurrent_model_on_the_whole_test_split():
@@ -77,7 +77,7 @@ def test_the_default_is_a_recurrent_model_on_the_whole_test_split():
 def test_bad_values_are_named_before_anything_is_built(overrides, message):
   config = apply_overrides(experiment.get_config(), overrides)
   with pytest.raises(ConfigError, match=message):
-    validate(config, tasks.get("char_lm"))
+    validate(config, experiments.get("char_lm"))
 
 
 def test_an_unknown_variant_is_named():
@@ -101,7 +101,7 @@ def test_batches_are_windows_of_the_training_split_a_function_of_seed_and_step(t
   config = apply_overrides(experiment.get_config(), {
       "data.stdlib": str(tmp_path), "data.context": 16, "data.eval_windows": 40,
       "train.batch_size": 8, "seed": 3})
-  validate(config, tasks.get("char_lm"))
+  validate(config, experiments.get("char_lm"))
   task = char_lm.build(config)
   corpus = python_corpus.load(str(tmp_path))
   assert all(corpus.files.values())
@@ -211,7 +211,7 @@ TINY = {"train.num_steps": 6, "train.batch_size": 8, "train.log_every": 3,
 def test_a_tiny_run_reports_bits_per_byte_beside_zlib_and_xz_on_the_same_bytes(tmp_path):
   config = apply_overrides(experiment.get_config("model=gru"), TINY)
   workdir = str(tmp_path / "run")
-  final = train_and_evaluate(config, workdir, tasks.get("char_lm"))
+  final = train_and_evaluate(config, workdir, experiments.get("char_lm"))
   with open(os.path.join(workdir, "final_metrics.json")) as f:
     written = json.load(f)
   for key in ("test/bits_per_byte", "test/zlib_bits_per_byte", "test/xz_bits_per_byte",

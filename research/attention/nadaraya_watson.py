@@ -21,7 +21,7 @@ import numpy as np
 from research.attention.dense import masked_softmax
 
 Array = jax.Array
-KERNELS = ("gaussian", "box", "triangle")
+SMOOTHING_KERNELS = ("gaussian", "box", "triangle")
 
 
 def _check_bandwidth(bandwidth):
@@ -53,8 +53,8 @@ def nadaraya_watson(queries: Array, keys: Array, values: Array, *, kernel: str, 
   Returns:
     [..., m, d_v] in float32, or (that, weights) with return_weights.
   """
-  if kernel not in KERNELS:
-    raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+  if kernel not in SMOOTHING_KERNELS:
+    raise ValueError(f"kernel must be one of {SMOOTHING_KERNELS}, got {kernel!r}")
   _check_bandwidth(bandwidth)
   queries, keys = jnp.asarray(queries, jnp.float32), jnp.asarray(keys, jnp.float32)
   values, bandwidth = jnp.asarray(values, jnp.float32), jnp.asarray(bandwidth, jnp.float32)
@@ -86,8 +86,8 @@ class NadarayaWatson(nn.Module):
   @nn.compact
   def __call__(self, queries: Array, keys: Array, values: Array) -> Array:
     """queries [..., m, d], keys [..., n, d], values [..., n, d_v] -> [..., m, d_v]."""
-    if self.kernel not in KERNELS:
-      raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+    if self.kernel not in SMOOTHING_KERNELS:
+      raise ValueError(f"kernel must be one of {SMOOTHING_KERNELS}, got {self.kernel!r}")
     if not self.init_bandwidth > 0:
       raise ValueError(f"init_bandwidth must be > 0, got {self.init_bandwidth!r}")
     bandwidth = self.init_bandwidth

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from research.tasks import sequence_tasks
+from research.experiments import sequence_tasks
 from research.training.validation import ConfigError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,7 +35,7 @@ def test_every_variant_validates(task, model):
 
 def test_default_config_is_the_adding_problem_with_an_lstm():
   config = experiment.get_config()
-  assert (config.task, config.data.task, config.model.kind) == ("sequence_tasks", "adding", "lstm")
+  assert (config.experiment, config.data.task, config.model.kind) == ("sequence_tasks", "adding", "lstm")
   assert config.data.length == experiment.TASKS["adding"]["length"]
 
 

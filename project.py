@@ -1,15 +1,15 @@
 """Set up the project's virtual environment if needed, then run one task in it.
 
-    python3 tasks.py main     # the main job: launch.py's default experiment (nmt_dates)
-    python3 tasks.py test     # the test suite (extra arguments go to pytest)
-    python3 tasks.py bench [recurrent|attention|attention_bound|compile_targets|accelerator] [args]
+    python3 project.py main     # the main job: launch.py's default experiment (nmt_dates)
+    python3 project.py test     # the test suite (extra arguments go to pytest)
+    python3 project.py bench [recurrent|attention|attention_bound|compile_targets|accelerator] [args]
 
 Needs only Python >= 3.11 and pip. The first call creates `.venv` and installs the
 package (with the `test` extra for `test` and `bench`, and `aot`, the toolchains that
 compile for TPUs and GPUs from a CPU, for `test`); later calls reinstall only
 when pyproject.toml changed, so they start at once. On an accelerator, name its extra:
 
-    RESEARCH_EXTRAS=cuda python3 tasks.py main    # NVIDIA GPU (jax[cuda13]); or tpu
+    RESEARCH_EXTRAS=cuda python3 project.py main    # NVIDIA GPU (jax[cuda13]); or tpu
 """
 
 import hashlib

@@ -41,8 +41,8 @@ from research.data.text import (
 from research.errors import ConfigError, InputError
 from research.models.decoding import beam_search, greedy_decode
 from research.models.seq2seq import ATTENTIONS, CELLS, HARD_TRAINING, STYLES, Seq2Seq
-from research.tasks.registry import register
-from research.training.task import Heatmap, Report, Task
+from research.experiments.registry import register
+from research.training.experiment import Heatmap, Report, Workload
 from research.training.validation import COMPUTE_DTYPES, check_choice, check_positive
 
 LENGTH_BUCKETS = (0, 10, 20, 30, 1000)        # source tokens: [0, 10), [10, 20), ...
@@ -161,7 +161,7 @@ def decoded_metrics(tokens, batch) -> dict[str, tuple]:
           "exact_match": (exact.astype(jnp.float32), jnp.ones_like(count))}
 
 
-def build(config) -> Task:
+def build(config) -> Workload:
   data = load_data(config)
   model = make_model(config, data)
   max_len = data.splits["train"]["target_out"].shape[1]
@@ -204,7 +204,7 @@ def build(config) -> Task:
 
   files = {"source_vocab.json": data.source_vocab.to_json(),
            "target_vocab.json": data.target_vocab.to_json()}
-  return Task(init=init,
+  return Workload(init=init,
               train_data=ShuffledStream(data.splits["train"], config.train.batch_size,
                                         config.seed),
               eval_data=eval_batches(data.splits["validation"], config.train.batch_size),

@@ -1,0 +1,11 @@
+"""The experiments, registered by name: `get(config.experiment)` -> Experiment, `names()`.
+
+An experiment provides validate(config) (ConfigError naming the key and the allowed values)
+and build(config) -> Workload (model, data and pure loss / evaluation functions); see
+research/training/experiment.py for the contract and registry.py for adding your own.
+"""
+
+from research.experiments import char_lm, kernel_regression, listops, nmt_dates, sequence_tasks  # noqa: F401  (they register themselves)
+from research.experiments.registry import get, names, register
+
+__all__ = ["get", "names", "register"]

@@ -1,0 +1,39 @@
+"""The experiment registry: every experiment registers itself under its `config.experiment` name.
+
+    from research import experiments
+    experiment = experiments.get(config.experiment)   # validate(config), build(config) -> Workload
+    train_and_evaluate(config, workdir, experiment)
+
+Your own experiment (in a notebook, say) plugs in the same way:
+`experiments.register("mine", validate=my_validate, build=my_build)`.
+"""
+
+from collections.abc import Callable
+
+from research.errors import ConfigError
+from research.training.experiment import Experiment, Workload
+
+_REGISTRY: dict[str, Experiment] = {}
+
+
+def register(name: str, *, validate: Callable[..., None], build: Callable[..., Workload],
+             build_shapes: Callable[..., Workload] | None = None) -> Experiment:
+  """Adds an experiment under `name` (the value of config.experiment) and returns it (see
+  `research.training.experiment.Experiment`)."""
+  if name in _REGISTRY:
+    raise ValueError(f"an experiment named {name!r} is registered already")
+  _REGISTRY[name] = Experiment(name, validate, build, build_shapes)
+  return _REGISTRY[name]
+
+
+def get(name: str) -> Experiment:
+  """The experiment registered as `name`; ConfigError naming the registered ones otherwise."""
+  if name not in _REGISTRY:
+    raise ConfigError(f"config.experiment={name!r} is not allowed; choose one of: "
+                      f"{', '.join(map(repr, names()))}")
+  return _REGISTRY[name]
+
+
+def names() -> list[str]:
+  """The registered experiment names, sorted."""
+  return sorted(_REGISTRY)
