@@ -2,7 +2,7 @@
 
     python3 project.py main     # the main job: launch.py's default experiment (nmt_dates)
     python3 project.py test     # the test suite (extra arguments go to pytest)
-    python3 project.py bench [recurrent|attention|attention_bound|compile_targets|accelerator] [args]
+    python3 project.py bench [recurrent|attention|attention_bound|compile_targets|accelerator|lra_efficiency] [args]
 
 Needs only Python >= 3.11 and pip. The first call creates `.venv` and installs the
 package (with the `test` extra for `test` and `bench`, and `aot`, the toolchains that
@@ -31,7 +31,7 @@ TASKS = {
     "bench": ("test", []),   # the command is benchmarks/NAME.py, see `benchmark_commands`
 }
 BENCHMARKS = ("recurrent", "attention", "attention_bound")   # plain `bench` runs these
-ON_REQUEST = ("compile_targets", "accelerator")   # by name only (minutes each)
+ON_REQUEST = ("compile_targets", "accelerator", "lra_efficiency")   # by name only (minutes each)
 
 
 def benchmark_commands(args: list[str]) -> list[list[str]]:

@@ -10,6 +10,7 @@ fusions, the collectives between chips. Nothing runs.
   target      platform  devices  memory per device  what it is
   tpu-v5e-1   tpu       1        16 GiB             Colab's TPU (one v5 lite chip)
   tpu-v5e-8   tpu       8        16 GiB             a v5litepod-8 slice
+  tpu-v4-1    tpu       1        16 GiB             one v4 chip (LRA's efficiency benchmark)
   tpu-v4-8    tpu       8        16 GiB             a v4-8 (XLA's compile-only topology "v4:2x2x1")
   tpu-v6e-1   tpu       1        32 GiB             one Trillium chip
   h100        cuda      1        79.1 GiB           H100 80GB SXM (compute capability 9.0)
@@ -53,6 +54,7 @@ class Target(NamedTuple):
 TARGETS = {
     "tpu-v5e-1": Target("tpu", "v5e:1x1", (1, 1, 1), "", 16 * GIB, "Colab's TPU: one v5e chip"),
     "tpu-v5e-8": Target("tpu", "v5e:2x4", (2, 4, 1), "", 16 * GIB, "a v5litepod-8 slice"),
+    "tpu-v4-1": Target("tpu", "v4:1x1x1", (1, 1, 1), "", 16 * GIB, "one v4 chip"),
     "tpu-v4-8": Target("tpu", "v4:2x2x1", (2, 2, 1), "", 16 * GIB, "a v4-8 slice"),
     "tpu-v6e-1": Target("tpu", "v6e:1x1", (1, 1, 1), "", 32 * GIB, "one v6e (Trillium) chip"),
     "h100": Target("cuda", "1x1x1", (1, 1, 1), "h100.txtpb", 0, "one H100 80GB"),

@@ -1,0 +1,162 @@
+"""Long Range Arena's Table 2 on our machines: each attention's training step against full's.
+
+    python3 project.py bench lra_efficiency                     # CPU, 1K-4K, a TPU v4 chip
+    python benchmarks/lra_efficiency.py --lengths 1024,4096 --attentions full,linformer
+
+The model is ListOps' `lra` preset (`experiments/listops.py`: 6 post-norm layers, width
+512, 8 heads, MLP 2048, LRA's windows and projections), one per attention of
+`research.models.self_attention.ATTENTIONS`, on token inputs of length L. The baseline,
+"full (dense)", is LRA's vanilla Transformer: the [L, L] weights materialised. "full" is
+the same attention as `implementation="auto"` runs it (on a CPU `chunked`, exact in O(n)
+memory; on a TPU splash attention), so it is an efficient variant of its own. Its training step
+is the gradient of the mean cross-entropy of the 10-way logits with respect to every
+parameter (`jit(grad(loss))`, float32), on a batch of `--batch` sequences (the same for
+every attention). For each length it prints, relative to full (dense) at that length:
+
+  speed     steps/s on this machine (medians of interleaved rounds, `timing.py`)
+  memory    XLA's buffers for the compiled step on this machine (arguments + outputs +
+            temporaries, `memory_analysis()`)
+  v4 chip   the same compiled for one TPU v4 chip (deviceless, `research.aot`) with
+            `--tpu_batch` sequences: per-chip bytes, and whether it fits the chip's HBM
+
+and at `--memory_lengths` (compiled, not run) each attention's memory at the longest
+length over its memory at the shortest, the O(n) check (linear: the ratio of the lengths).
+Numbers are medians and ratios measured in one run: compare those, not the absolute times
+of a noisy machine. LRA's Table 2 (TPU v3, 4K) for comparison: Performer 5.7× full's speed
+at 11% of its memory, Linear Trans. 5.6× at 10%, BigBird 1.2× at 31%, Reformer 0.8× at 24%.
+"""
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from research import jax_start  # noqa: E402
+
+jax_start.cpu_unless_accelerators()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+from timing import median_ms  # noqa: E402
+
+import launch  # noqa: E402
+from research.aot import report, targets  # noqa: E402
+from research.models import EncoderClassifier  # noqa: E402
+from research.models.self_attention import ATTENTIONS  # noqa: E402
+
+VOCAB, CLASSES = 32, 10
+
+
+BASELINE = "full (dense)"
+
+
+def model_of(variant: str, length: int) -> EncoderClassifier:
+  """The listops `lra` preset's model with the attention `variant` (an entry of ATTENTIONS
+  or BASELINE), for inputs of `length` tokens."""
+  config, _ = launch.load_config(os.path.join(ROOT, "experiments", "listops.py"))
+  fields = config.model.to_dict()
+  fields["attention"] = "full" if variant == BASELINE else variant
+  if variant == BASELINE:
+    fields["implementation"] = "dense"
+  return EncoderClassifier(**fields, vocab_size=VOCAB, num_classes=CLASSES, max_length=length)
+
+
+def train_step(model: EncoderClassifier):
+  """grad of the mean cross-entropy with respect to the parameters (dropout on)."""
+  def loss(params, tokens, lengths, labels, rng):
+    logits = model.apply({"params": params}, tokens, lengths, train=True,
+                         rngs={"dropout": rng})
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  return jax.grad(loss)
+
+
+def abstract_inputs(model: EncoderClassifier, batch: int, length: int, sharding=None):
+  """ShapeDtypeStructs of (params, tokens, lengths, labels, rng) for lowering."""
+  tokens = jnp.zeros((batch, length), jnp.int32)
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens,
+                                             jnp.full((batch,), length))["params"])
+  put = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  return (jax.tree.map(put, params), put(tokens), put(jnp.zeros((batch,), jnp.int32)),
+          put(jnp.zeros((batch,), jnp.int32)), put(rng))
+
+
+def compiled_bytes(attention: str, batch: int, length: int, device=None) -> int:
+  """Per-device bytes of the compiled training step (on `device`, a compile-only one)."""
+  model = model_of(attention, length)
+  sharding = None if device is None else jax.sharding.SingleDeviceSharding(device)
+  lowered = jax.jit(train_step(model)).trace(
+      *abstract_inputs(model, batch, length, sharding)).lower(
+          lowering_platforms=None if device is None else (device.platform,))
+  return report.memory(lowered.compile())["total"]
+
+
+def timed_step(attention: str, batch: int, length: int):
+  """A compiled step on concrete inputs, as a no-argument function for `median_ms`."""
+  model = model_of(attention, length)
+  keys = jax.random.split(jax.random.key(0), 3)
+  tokens = jax.random.randint(keys[0], (batch, length), 1, VOCAB)
+  lengths = jnp.full((batch,), length)
+  labels = jax.random.randint(keys[1], (batch,), 0, CLASSES)
+  params = jax.jit(model.init)(keys[2], tokens, lengths)["params"]
+  step = jax.jit(train_step(model))
+  return lambda: jax.block_until_ready(step(params, tokens, lengths, labels, keys[2]))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--lengths", default="1024,2048,3072,4096")
+  parser.add_argument("--memory_lengths", default="4096,16384")
+  parser.add_argument("--attentions", default=",".join((BASELINE, *ATTENTIONS)))
+  parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--tpu", default="tpu-v4-1", help="compile-only target ('' to skip)")
+  parser.add_argument("--tpu_batch", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=3)
+  args = parser.parse_args()
+  attentions = args.attentions.split(",")
+  device = None
+  if args.tpu:
+    try:
+      device = targets.devices_of(targets.get(args.tpu))[0]
+    except targets.TargetUnavailable as error:
+      print(f"({args.tpu} skipped: {error})")
+  gib = lambda n: f"{n / 2**30:.2f} GiB"
+
+  print(f"Training step, batch {args.batch} here, {args.tpu_batch} on the {args.tpu or '-'} "
+        "chip; ratios against full (dense) at the same length\n")
+  print("| L | attention | speed | memory | steps/s | memory here | v4 chip | fits |")
+  print("|---|---|---|---|---|---|---|---|")
+  for length in map(int, args.lengths.split(",")):
+    steps = {name: timed_step(name, args.batch, length) for name in attentions}
+    ms = median_ms(steps, args.repeats, pause=0.2)
+    here = {name: compiled_bytes(name, args.batch, length) for name in attentions}
+    for name in attentions:
+      chip = fits = "-"
+      if device is not None:
+        try:
+          chip_bytes = compiled_bytes(name, args.tpu_batch, length, device)
+          chip = gib(chip_bytes)
+          fits = "yes" if chip_bytes <= targets.memory_bytes(targets.get(args.tpu)) else "no"
+        except Exception as error:  # noqa: BLE001 - XLA refuses what exceeds the chip's HBM
+          chip, fits = type(error).__name__, "no"
+      speed = ms.get(BASELINE, float("nan")) / ms[name]
+      memory = here[name] / here[BASELINE] if BASELINE in here else float("nan")
+      print(f"| {length} | {name} | {speed:.2f}× | {memory:.0%} | {1e3 / ms[name]:.2f} | "
+            f"{gib(here[name])} | {chip} | {fits} |", flush=True)
+
+  short, long = map(int, args.memory_lengths.split(","))
+  print(f"\nMemory of the compiled step here at L = {long} over L = {short} (linear: "
+        f"{long / short:.0f}×)\n")
+  print(f"| attention | {short} | {long} | ratio |")
+  print("|---|---|---|---|")
+  for name in attentions:
+    sizes = [compiled_bytes(name, args.batch, n) for n in (short, long)]
+    print(f"| {name} | {gib(sizes[0])} | {gib(sizes[1])} | {sizes[1] / sizes[0]:.1f}× |",
+          flush=True)
+
+
+if __name__ == "__main__":
+  main()
