@@ -28,9 +28,9 @@ def main(argv: list[str]) -> int:
     return 2
   old, new = repository(ROOT), argv[0]
   old_path, new_path = GITHUB.fullmatch(old).group(1), GITHUB.fullmatch(new).group(1)
-  replace = {old: new, f"colab.research.google.com/github/{old_path}/":
-             f"colab.research.google.com/github/{new_path}/"}
-  pattern = re.compile("|".join(re.escape(text) + r"(?![\w.-])" for text in replace))
+  colab = "colab.research.google.com/github/{}/"       # a badge: Colab's address of a notebook
+  replace = {old: new, colab.format(old_path): colab.format(new_path)}
+  pattern = re.compile(re.escape(old) + r"(?![\w.-])|" + re.escape(colab.format(old_path)))
   files = [ROOT / "pyproject.toml", ROOT / "README.md", *sorted((ROOT / "notebooks").glob("*.py")),
            *sorted((ROOT / "notebooks").glob("*.ipynb"))]
   for path in files:
