@@ -13,7 +13,8 @@ import sys
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-GITHUB = re.compile(r"https://github\.com/([\w.-]+/[\w.-]+)")   # Colab opens GitHub's notebooks
+# Colab opens notebooks from GitHub, by OWNER/NAME (no .git)
+GITHUB = re.compile(r"https://github\.com/([\w.-]+/[\w.-]+)(?<!\.git)")
 
 
 def repository(root: pathlib.Path) -> str:
@@ -24,7 +25,8 @@ def repository(root: pathlib.Path) -> str:
 def main(argv: list[str]) -> int:
   if len(argv) != 1 or not GITHUB.fullmatch(argv[0]):
     print(__doc__.strip(), file=sys.stderr)
-    print("\nerror: give one URL of the form https://github.com/OWNER/NAME", file=sys.stderr)
+    print("\nerror: give one URL of the form https://github.com/OWNER/NAME (no .git)",
+          file=sys.stderr)
     return 2
   old, new = repository(ROOT), argv[0]
   old_path, new_path = GITHUB.fullmatch(old).group(1), GITHUB.fullmatch(new).group(1)

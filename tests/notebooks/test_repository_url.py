@@ -53,7 +53,7 @@ def addresses(root: str) -> dict[str, list[str]]:
 
 def check(root: str) -> None:
   expected = repository(root)
-  assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", expected), expected
+  assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+(?<!\.git)", expected), expected
   found = addresses(root)
   wrong = {path: [u for u in urls if u != expected] for path, urls in found.items()}
   assert not any(wrong.values()), f"not pyproject.toml's {expected}: {wrong}"
@@ -95,3 +95,6 @@ def test_set_repository_refuses_an_address_colab_cannot_open(tmp_path):
                            "git@github.com:someone/a-fork.git"], capture_output=True, text=True)
   assert result.returncode == 2
   assert "https://github.com/OWNER/NAME" in result.stderr
+  result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "set_repository.py"),
+                           "https://github.com/someone/a-fork.git"], capture_output=True)
+  assert result.returncode == 2
