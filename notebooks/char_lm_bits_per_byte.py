@@ -16,7 +16,7 @@
 # %% [markdown]
 # # A byte-level language model of Python's standard library
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/REPOSITORY/blob/main/notebooks/char_lm_bits_per_byte.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/char_lm_bits_per_byte.ipynb)
 #
 # The corpus is the running interpreter's own library: every `.py` file under
 # `sysconfig.get_paths()["stdlib"]`, split 90 / 5 / 5 by a hash of its path. We train a
@@ -30,43 +30,34 @@
 # quick mode: tiny models on a sample of the test split, so its numbers mean nothing.
 
 # %%
-# Install the repository: from this checkout when the notebook runs inside it,
-# otherwise (Colab) clone it first. Set REPOSITORY to your clone's URL. The JAX already
-# installed (Colab's, with its GPU or TPU plugin) is kept: pip may not change its version.
-import importlib.metadata
-import importlib.util
+# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
+# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
+# first. The checkout also goes on sys.path, so `research` imports in this running kernel
+# (pip's editable install is a .pth file, which Python reads only when it starts).
 import os
 import subprocess
 import sys
 
-REPOSITORY = os.environ.get("REPOSITORY", "https://github.com/REPOSITORY.git")
-root = os.path.abspath("..") if os.path.exists("../pyproject.toml") else os.path.abspath("research-repo")
+REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
   subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-try:
-  import research  # noqa: F401
-except ImportError:
-  keep = [f"{name}=={importlib.metadata.version(name)}" for name in ("jax", "jaxlib")
-          if importlib.util.find_spec(name)]
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
-sys.path.insert(0, os.path.join(root, "experiments"))
+if root not in sys.path:
+  sys.path.insert(0, root)
+from research import notebook
+
+notebook.install(root)
 
 # %%
-import contextlib
-import io
 import json
-import os
-import tempfile
 
 import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
-import char_lm as experiment
-from research import experiments
-from research.training import apply_overrides, train_and_evaluate
+from research.training import apply_overrides
 from research.training.plots import figure_png
 
-QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
+QUICK, experiment, workdir = notebook.setup(root, "char_lm")
 SIZE = ({"train.num_steps": 20, "train.warmup_steps": 0, "train.log_every": 10,
          "train.eval_every": 10, "train.checkpoint_every": 20, "train.batch_size": 8,
          "data.context": 32, "data.eval_windows": 16, "data.test_bytes": 20_000,
@@ -75,7 +66,6 @@ SIZE = ({"train.num_steps": 20, "train.warmup_steps": 0, "train.log_every": 10,
          "sample.length": 80}
         if QUICK else {})
 MODELS = ("gru", "lstm", "transformer")
-workdir = tempfile.mkdtemp(prefix="char_lm_") if QUICK else os.path.join(root, "runs", "char_lm")
 
 
 def read(run: str, name: str) -> str:
@@ -85,19 +75,15 @@ def read(run: str, name: str) -> str:
 
 # %% [markdown]
 # ## Train each model
-# `train_and_evaluate` trains, evaluates on validation windows every 500 steps, then scores
-# the test split and draws samples; a run with a `final_metrics.json` is read back. The
-# progress lines are kept out of the notebook: each run's `metrics.jsonl` holds them.
+# `notebook.train` (`train_and_evaluate`) trains, evaluates on validation windows every 500
+# steps, then scores the test split and draws samples; a run with a `final_metrics.json`
+# is read back. The progress lines are kept out of the notebook: each run's
+# `metrics.jsonl` holds them.
 
 # %%
-results = {}
-for kind in MODELS:
-  run = os.path.join(workdir, kind)
-  if not os.path.exists(os.path.join(run, "final_metrics.json")):
-    config = apply_overrides(experiment.get_config(f"model={kind}"), SIZE)
-    with contextlib.redirect_stderr(io.StringIO()):
-      train_and_evaluate(config, run, experiments.get(config.experiment))
-  results[kind] = json.loads(read(kind, "final_metrics.json"))
+results = {kind: notebook.train(apply_overrides(experiment.get_config(f"model={kind}"), SIZE),
+                                os.path.join(workdir, kind))
+           for kind in MODELS}
 
 # %% [markdown]
 # ## The corpus

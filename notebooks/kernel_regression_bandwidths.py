@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Nadaraya–Watson kernel regression: kernels and bandwidths
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/REPOSITORY/blob/main/notebooks/kernel_regression_bandwidths.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/kernel_regression_bandwidths.ipynb)
 #
 # Nadaraya–Watson regression is attention whose query–key score is a kernel of the
 # distance: f(q) = Σ_j softmax-like weights K(|q − k_j| / h) · y_j. From 50 noisy samples
@@ -24,47 +24,37 @@
 # h = 1, a learned one (gradient descent on the leave-one-out training error), a
 # leave-one-out cross-validated one and the oracle (the best test error on a grid), and
 # compare with linear regression. The runs are `experiments/kernel_regression.py` (seconds
-# each on a CPU); the second part averages 20 seeds with its `--sweep`. CI runs the quick
-# mode (3 seeds, fewer steps).
+# each on a CPU, kept in `runs/kernel_regression`); the second part averages 20 seeds with
+# its `--sweep`. CI runs the quick mode (3 seeds, fewer steps).
 
 # %%
-# Install the repository: from this checkout when the notebook runs inside it,
-# otherwise (Colab) clone it first. Set REPOSITORY to your clone's URL. The JAX already
-# installed (Colab's, with its GPU or TPU plugin) is kept: pip may not change its version.
-import importlib.metadata
-import importlib.util
+# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
+# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
+# first. The checkout also goes on sys.path, so `research` imports in this running kernel
+# (pip's editable install is a .pth file, which Python reads only when it starts).
 import os
 import subprocess
 import sys
 
-REPOSITORY = os.environ.get("REPOSITORY", "https://github.com/REPOSITORY.git")
-root = os.path.abspath("..") if os.path.exists("../pyproject.toml") else os.path.abspath("research-repo")
+REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
   subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-try:
-  import research  # noqa: F401
-except ImportError:
-  keep = [f"{name}=={importlib.metadata.version(name)}" for name in ("jax", "jaxlib")
-          if importlib.util.find_spec(name)]
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
-sys.path.insert(0, os.path.join(root, "experiments"))
+if root not in sys.path:
+  sys.path.insert(0, root)
+from research import notebook
+
+notebook.install(root)
 
 # %%
-import contextlib
-import io
-import os
 import statistics
-import tempfile
 
 from IPython.display import SVG, Image, Markdown, display
 
-import kernel_regression as experiment
-from research import experiments
-from research.training import apply_overrides, run_sweep, train_and_evaluate
+from research.training import apply_overrides
 
-QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
+QUICK, experiment, workdir = notebook.setup(root, "kernel_regression")
 SIZE = {"train.num_steps": 100, "train.eval_every": 50} if QUICK else {}
-workdir = tempfile.mkdtemp(prefix="kernel_regression_")
 config = apply_overrides(experiment.get_config(), SIZE)
 SMOOTHING_KERNELS = config.model.kernels.split(",")
 METHODS = ("fixed", "learned", "loo", "oracle")
@@ -86,8 +76,7 @@ def table(metrics: dict) -> str:
 
 # %%
 run = os.path.join(workdir, "seed0")
-with contextlib.redirect_stderr(io.StringIO()):     # progress lines: see metrics.jsonl
-  final = train_and_evaluate(config, run, experiments.get(config.experiment))
+final = notebook.train(config, run)
 display(Markdown(table(final)))
 
 # %% [markdown]
@@ -108,8 +97,7 @@ for name in sorted(f for f in os.listdir(run) if f.startswith("attention_")):
 
 # %%
 points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()
-with contextlib.redirect_stderr(io.StringIO()):
-  rows = run_sweep(config, points, os.path.join(workdir, "seeds"), experiments.get(config.experiment))
+rows = notebook.sweep(config, points, os.path.join(workdir, "seeds"))
 mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0] if k.startswith("test/mse")}
 display(Markdown(f"Mean over {len(rows)} seeds:\n\n" + table(mean)))
 for kernel in SMOOTHING_KERNELS:

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Attention variants on Long Range Arena's ListOps
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/REPOSITORY/blob/main/notebooks/listops_attention_variants.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/listops_attention_variants.ipynb)
 #
 # ListOps (Nangia & Bowman 2018, as the Long Range Arena made it) asks for the value of a
 # nested expression such as `[MAX 2 9 [MIN 4 7 ] 0 ]` written as a long flat token
@@ -29,41 +29,34 @@
 # quick mode: tiny models and data, so its accuracies mean nothing.
 
 # %%
-# Install the repository: from this checkout when the notebook runs inside it,
-# otherwise (Colab) clone it first. Set REPOSITORY to your clone's URL. The JAX already
-# installed (Colab's, with its GPU or TPU plugin) is kept: pip may not change its version.
-import importlib.metadata
-import importlib.util
+# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
+# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
+# first. The checkout also goes on sys.path, so `research` imports in this running kernel
+# (pip's editable install is a .pth file, which Python reads only when it starts).
 import os
 import subprocess
 import sys
 
-REPOSITORY = os.environ.get("REPOSITORY", "https://github.com/REPOSITORY.git")
-root = os.path.abspath("..") if os.path.exists("../pyproject.toml") else os.path.abspath("research-repo")
+REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
   subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-try:
-  import research  # noqa: F401
-except ImportError:
-  keep = [f"{name}=={importlib.metadata.version(name)}" for name in ("jax", "jaxlib")
-          if importlib.util.find_spec(name)]
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
-sys.path.insert(0, os.path.join(root, "experiments"))
+if root not in sys.path:
+  sys.path.insert(0, root)
+from research import notebook
+
+notebook.install(root)
 
 # %%
 import json
-import os
-import tempfile
 
 import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
-import listops as experiment
-from research import experiments
-from research.training import apply_overrides, run_sweep
+from research.training import apply_overrides
 from research.training.plots import figure_png
 
-QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
+QUICK, experiment, workdir = notebook.setup(root, "listops", runs="listops_cpu")
 SIZE = ({"data.min_tree_length": 8, "data.max_tree_length": 150, "data.train_examples": 256,
          "data.eval_examples": 32, "data.test_examples": 64, "data.max_length": 128,
          "data.length_buckets": 1, "model.num_layers": 1, "model.hidden_size": 16, "model.mlp_size": 32,
@@ -71,20 +64,17 @@ SIZE = ({"data.min_tree_length": 8, "data.max_tree_length": 150, "data.train_exa
          "train.warmup_steps": 5, "train.log_every": 10, "train.eval_every": 20,
          "train.checkpoint_every": 20}
         if QUICK else {})
-
-
-workdir = tempfile.mkdtemp(prefix="listops_") if QUICK else os.path.join(root, "runs", "listops_cpu")
 config = apply_overrides(experiment.get_config("preset=cpu"),
                          {**SIZE, "data.dir": os.path.join(workdir if QUICK else root, "data")})
 
 # %% [markdown]
 # ## Train every attention variant
-# `run_sweep` trains each point of `experiment.get_sweep()` (one per `model.attention`) into
+# `notebook.sweep` (`run_sweep`) trains each point of `experiment.get_sweep()` (one per `model.attention`) into
 # its own directory, skipping finished ones, and returns each point's final metrics.
 
 # %%
 points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()   # CI: full, local, longformer
-rows = run_sweep(config, points, workdir, experiments.get(config.experiment))
+rows = notebook.sweep(config, points, workdir)
 
 # %% [markdown]
 # ## Accuracy, speed and memory beside LRA's Table 1

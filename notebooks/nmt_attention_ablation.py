@@ -16,51 +16,44 @@
 # %% [markdown]
 # # Attention ablation on date translation
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/REPOSITORY/blob/main/notebooks/nmt_attention_ablation.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/nmt_attention_ablation.ipynb)
 #
 # Dates written in 24 locales ("dimanche 14 janvier 2024", "2024年1月14日星期日", …) are
 # translated into ISO `2024-01-14` by an encoder–decoder. We compare the fixed-length
 # bottleneck (no attention) with Bahdanau's additive attention, Luong's attention with
 # input feeding, Luong's local-p and hard attention, by calling the library directly:
-# `research.training.train_and_evaluate(config, workdir, task)` with configs from
-# `experiments/nmt_dates.py`. The outputs below are the full-size runs (1500 steps, about 3
-# minutes each on a 2-core CPU); CI runs the quick mode (`NOTEBOOK_QUICK=1`).
+# `notebook.train(config, workdir)` (`research.training.train_and_evaluate`) with configs
+# from `experiments/nmt_dates.py`. The outputs below are the full-size runs (1500 steps,
+# about 3 minutes each on a 2-core CPU), kept in `runs/nmt_ablation` and read back when the
+# notebook runs again; CI runs the quick mode (`NOTEBOOK_QUICK=1`).
 
 # %%
-# Install the repository: from this checkout when the notebook runs inside it,
-# otherwise (Colab) clone it first. Set REPOSITORY to your clone's URL. The JAX already
-# installed (Colab's, with its GPU or TPU plugin) is kept: pip may not change its version.
-import importlib.metadata
-import importlib.util
+# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
+# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
+# first. The checkout also goes on sys.path, so `research` imports in this running kernel
+# (pip's editable install is a .pth file, which Python reads only when it starts).
 import os
 import subprocess
 import sys
 
-REPOSITORY = os.environ.get("REPOSITORY", "https://github.com/REPOSITORY.git")
-root = os.path.abspath("..") if os.path.exists("../pyproject.toml") else os.path.abspath("research-repo")
+REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
   subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-try:
-  import research  # noqa: F401
-except ImportError:
-  keep = [f"{name}=={importlib.metadata.version(name)}" for name in ("jax", "jaxlib")
-          if importlib.util.find_spec(name)]
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
-sys.path.insert(0, os.path.join(root, "experiments"))
+if root not in sys.path:
+  sys.path.insert(0, root)
+from research import notebook
+
+notebook.install(root)
 
 # %%
-import contextlib
-import io
 import json
-import tempfile
 
 from IPython.display import Image, Markdown, display
 
-import nmt_dates
-from research import experiments
-from research.training import apply_overrides, train_and_evaluate
+from research.training import apply_overrides
 
-QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
+QUICK, experiment, workdir = notebook.setup(root, "nmt_dates", runs="nmt_ablation")
 SIZE = ({"data.train_examples": 512, "data.eval_examples": 64, "data.test_examples": 64,
          "model.hidden_size": 32, "model.embed_size": 16, "train.batch_size": 32,
          "train.num_steps": 30, "train.eval_every": 30, "train.checkpoint_every": 30,
@@ -75,21 +68,17 @@ VARIANTS = {
 }
 if QUICK:   # CI: two variants, enough for every cell below
   VARIANTS = {k: VARIANTS[k] for k in ("no attention", "Bahdanau additive")}
-workdir = tempfile.mkdtemp(prefix="nmt_ablation_")
 
 # %% [markdown]
 # ## Train every variant
 # Each call trains, evaluates on the validation split, then decodes the test split
 # greedily and with beam search. The results also land in each run's directory
-# (`metrics.jsonl`, `predictions.tsv`, attention heatmaps).
+# (`metrics.jsonl`, `predictions.tsv`, attention heatmaps); the progress lines stay there.
 
 # %%
-results = {}
-for name, variant in VARIANTS.items():
-  config = apply_overrides(nmt_dates.get_config(variant), SIZE)
-  with contextlib.redirect_stderr(io.StringIO()):     # progress lines: see metrics.jsonl
-    results[name] = train_and_evaluate(config, os.path.join(workdir, variant),
-                                       experiments.get(config.experiment))
+results = {name: notebook.train(apply_overrides(experiment.get_config(variant), SIZE),
+                                os.path.join(workdir, variant))
+           for name, variant in VARIANTS.items()}
 
 # %% [markdown]
 # ## Exact match on held-out dates

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Dependency distance: RNN, LSTM, GRU and attention
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/REPOSITORY/blob/main/notebooks/sequence_tasks_dependency_distance.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/sequence_tasks_dependency_distance.ipynb)
 #
 # Hochreiter & Schmidhuber's adding problem: a sequence of T random numbers, two of them
 # marked; the model must output their sum at the end, so the answer depends on inputs up to
@@ -29,64 +29,51 @@
 # little.
 
 # %%
-# Install the repository: from this checkout when the notebook runs inside it,
-# otherwise (Colab) clone it first. Set REPOSITORY to your clone's URL. The JAX already
-# installed (Colab's, with its GPU or TPU plugin) is kept: pip may not change its version.
-import importlib.metadata
-import importlib.util
+# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
+# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
+# first. The checkout also goes on sys.path, so `research` imports in this running kernel
+# (pip's editable install is a .pth file, which Python reads only when it starts).
 import os
 import subprocess
 import sys
 
-REPOSITORY = os.environ.get("REPOSITORY", "https://github.com/REPOSITORY.git")
-root = os.path.abspath("..") if os.path.exists("../pyproject.toml") else os.path.abspath("research-repo")
+REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
   subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-try:
-  import research  # noqa: F401
-except ImportError:
-  keep = [f"{name}=={importlib.metadata.version(name)}" for name in ("jax", "jaxlib")
-          if importlib.util.find_spec(name)]
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
-sys.path.insert(0, os.path.join(root, "experiments"))
+if root not in sys.path:
+  sys.path.insert(0, root)
+from research import notebook
+
+notebook.install(root)
 
 # %%
-import contextlib
-import io
 import json
-import os
-import tempfile
 
 import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
-import sequence_tasks as experiment
-from research import experiments
-from research.training import run_sweep
 from research.training.plots import figure_png
 from research.training.sweep import point_name
 
-QUICK = os.environ.get("NOTEBOOK_QUICK", "0") == "1"
+QUICK, experiment, workdir = notebook.setup(root, "sequence_tasks")
 config = experiment.get_config()                                   # the adding problem
 points = experiment.get_sweep()
 if QUICK:
   points = [{**p, "train.num_steps": 40} for p in points if p["data.length"] in (10, 50)]
   config.data.eval_examples = 128
-workdir = tempfile.mkdtemp(prefix="sequence_tasks_") if QUICK else os.path.join(
-    root, "runs", "sequence_tasks")
 MODELS = list(dict.fromkeys(p["model.kind"] for p in points))
 LENGTHS = sorted({p["data.length"] for p in points})
 
 
 # %% [markdown]
 # ## Train every model at every distance
-# `run_sweep` trains each point into its own directory (skipping finished ones) and returns
+# `notebook.sweep` (`run_sweep`) trains each point into its own directory (skipping finished ones) and returns
 # its final metrics: validation MSE and accuracy on 1000 fixed examples. The progress
 # lines are kept out of the notebook: each run's `metrics.jsonl` holds them.
 
 # %%
-with contextlib.redirect_stderr(io.StringIO()):
-  rows = run_sweep(config, points, workdir, experiments.get(config.experiment))
+rows = notebook.sweep(config, points, workdir)
 result = {(r["model.kind"], r["data.length"]): r for r in rows}
 
 # %% [markdown]

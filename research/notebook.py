@@ -1,0 +1,93 @@
+"""What every notebook runs right after its own install cell (which must come first, for Colab).
+
+The install cell puts the checkout `root` on `sys.path` and calls `install(root)`; the next
+cell reads the notebook's mode, experiment and work directory from `setup`, and trains
+with `train` (one run) or `sweep` (a config's points):
+
+    from research import notebook
+    QUICK, experiment, workdir = notebook.setup(root, "nmt_dates")
+    final_metrics = notebook.train(experiment.get_config("attention=dot"), workdir)
+
+Only the standard library is imported at module level: `install` runs before the
+package's dependencies are installed.
+"""
+
+import contextlib
+import importlib
+import importlib.metadata
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+import types
+
+QUICK_VARIABLE = "NOTEBOOK_QUICK"   # "1": CI's small sizes, a temporary work directory
+
+
+def install(root: str) -> None:
+  """`pip install -e root` (with the package's dependencies) unless the distribution that
+  root's pyproject.toml names is installed already. The installed jax and jaxlib are
+  named at their own versions, so pip keeps them (Colab's carry its GPU or TPU plugin).
+
+  pip's editable install adds a `.pth` file, which Python reads only at start-up: a
+  running kernel imports the package because the caller put `root` on `sys.path`."""
+  with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+    name = tomllib.load(f)["project"]["name"]
+  if _installed_version(name) is not None:
+    return
+  keep = [f"{package}=={version}" for package in ("jax", "jaxlib")
+          if (version := _installed_version(package)) is not None]
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
+  importlib.invalidate_caches()     # the dependencies pip just added, in this process
+
+
+def setup(root: str, experiment: str, runs: str | None = None,
+          ) -> tuple[bool, types.ModuleType, str]:
+  """Returns (quick, the config module experiments/<experiment>.py, workdir).
+
+  quick: `NOTEBOOK_QUICK=1` in the environment (CI runs every notebook so). workdir: a new
+  temporary directory in quick mode, else root/runs/<runs, default the experiment's name>,
+  where finished runs are read back rather than trained again."""
+  quick = os.environ.get(QUICK_VARIABLE, "0") == "1"
+  configs = os.path.join(root, "experiments")        # the experiments' config files
+  if configs not in sys.path:
+    sys.path.insert(0, configs)
+  module = importlib.import_module(experiment)
+  name = runs or experiment
+  workdir = (tempfile.mkdtemp(prefix=f"{name}_") if quick
+             else os.path.join(root, "runs", name))
+  return quick, module, workdir
+
+
+def train(config, workdir: str) -> dict:
+  """The final metrics of `config` trained into workdir: read back from its
+  final_metrics.json when the run has finished, else trained (validated first). The
+  progress lines stay out of the notebook: the run's metrics.jsonl holds them."""
+  done = os.path.join(workdir, "final_metrics.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      return json.load(f)
+  # Imported here, not at the top: install() runs before the dependencies are installed.
+  from research import experiments
+  from research.training import train_and_evaluate
+  with contextlib.redirect_stderr(io.StringIO()):
+    return train_and_evaluate(config, workdir, experiments.get(config.experiment))
+
+
+def sweep(config, points: list[dict], workdir: str) -> list[dict]:
+  """`run_sweep` (finished points read back) with its progress lines kept out of the
+  notebook: one row per point, its overrides and final metrics."""
+  from research import experiments
+  from research.training import run_sweep
+  with contextlib.redirect_stderr(io.StringIO()):
+    return run_sweep(config, points, workdir, experiments.get(config.experiment))
+
+
+def _installed_version(distribution: str) -> str | None:
+  try:
+    return importlib.metadata.version(distribution)
+  except importlib.metadata.PackageNotFoundError:
+    return None
