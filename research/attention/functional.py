@@ -16,9 +16,10 @@ cannot run on:
 
   implementation  what it is
   "dense"         materialises the weights [batch, H, q_len, kv_len] (return_weights=True)
-  "chunked"       exact in O(n) memory; skips key blocks a causal / windowed query block
-                  cannot see
-  "banded"        sliding window (required) in O(n·(w + |G|)), without a dense mask
+  "chunked"       exact in O(n) memory; skips key blocks a causal / windowed / block-sparse
+                  query block cannot see
+  "banded"        sliding window or block-sparse pattern (one required) in O(n·(w + |G|)),
+                  without a dense mask
   "cudnn"         NVIDIA's fused kernel through jax.nn (research/attention/kernels/cudnn.py)
   "pallas_gpu"    our Pallas flash kernel, Triton (research/attention/kernels/pallas_gpu.py)
   "pallas_tpu"    Pallas TPU splash attention (research/attention/kernels/pallas_tpu.py)
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from research.attention import implementations, kernels, platforms, registry  # noqa: F401 (registration)
+from research.attention import block_sparse, implementations, kernels, platforms, registry  # noqa: F401 (registration)
 from research.attention.masks import Visibility
 
 Array = jax.Array
@@ -85,7 +86,8 @@ def _global_positions(global_tokens, length: int) -> tuple[int, ...]:
 
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = None,
                           bias: Array | None = None, is_causal: bool = False, window=None,
-                          global_tokens=None, implementation: str = "auto", return_weights: bool = False,
+                          global_tokens=None, sparsity=None, implementation: str = "auto",
+                          return_weights: bool = False,
                           scale: float | None = None,
                           key_value_seq_lengths: Array | None = None,
                           block_size: int | None = None):
@@ -100,6 +102,11 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     global_tokens: static positions (ints) of Longformer's global tokens: each sees every
       key and is seen by every query, within causality and key lengths (see
       `masks.Visibility`); usually with a window.
+    sparsity: a static block-sparse pattern (`block_sparse`): `SparseFixed(block, summary)`
+      or `SparseStrided(stride)` (Sparse Transformer), `BigBird(block, window,
+      global_blocks, random_blocks, seed)`; with is_causal within causality. It replaces
+      window and global_tokens (pass neither). Every implementation visits only the blocks
+      it leaves visible, or refuses it (cuDNN).
     implementation: "auto" or a registered name (`implementations.names()`): "dense",
       "chunked", "banded", "cudnn", "pallas_gpu", "pallas_tpu", or one of the user's.
     return_weights: also return the weights [batch, H, q_len, kv_len] (dense only).
@@ -127,9 +134,11 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
       raise ValueError(f"key_value_seq_lengths must have shape (batch,) = ({b},), "
                        f"got {key_value_seq_lengths.shape}")
   positions = _global_positions(global_tokens, max(q_len, k.shape[1]))
-  visibility = Visibility.make(is_causal, window, key_value_seq_lengths, positions)
+  if block_sparse.check(sparsity) is not None:
+    sparsity = sparsity.bind(q_len, k.shape[1], is_causal)
+  visibility = Visibility.make(is_causal, window, key_value_seq_lengths, positions, sparsity)
   request = registry.Request.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                                window=window, global_tokens=positions,
+                                window=window, global_tokens=positions, sparsity=sparsity,
                                 key_value_seq_lengths=key_value_seq_lengths,
                                 return_weights=return_weights)
   choices = registry.plan(implementation, request, platforms.host())
