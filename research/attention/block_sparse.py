@@ -28,6 +28,15 @@ whether some / every query there sees some / every key there (`Visibility.block_
 builds on it), and `visible` evaluates the rule on positions (NumPy or JAX arrays, also
 inside a Pallas kernel where `nest` allows: see `within_blocks`). A BigBird pattern is
 bound to a shape (`bind`) before use: its draws depend on the numbers of blocks.
+
+What the tiled implementations visit (memory O(n) for all three: no [n, n] mask exists):
+BigBird's query blocks w + g + r key blocks each (global rows all), O(n·B·(w + g + r));
+fixed's its own block and the tiles holding earlier blocks' summaries, O(n·(l + t·n/l))
+with tiles of t; strided's stride positions fall in every key tile at least l long, so it
+visits every tile within causality, the work of full attention.
+
+  dot_product_attention(q, k, v, sparsity=BigBird(block=64, seed=layer), is_causal=True)
+  MultiHeadAttention(num_heads=8, sparsity=SparseFixed(block=128, summary=8))
 """
 
 import dataclasses
@@ -178,6 +187,14 @@ def _bigbird_table(pattern: "BigBird") -> np.ndarray:
   return table
 
 
+@functools.lru_cache(maxsize=64)
+def _bigbird_counts(pattern: "BigBird") -> np.ndarray:
+  """int [q_blocks + 1, k_blocks + 1]: counts[a, c] = the visible pairs of table[:a, :c]."""
+  counts = np.pad(_bigbird_table(pattern).cumsum(0).cumsum(1), ((1, 0), (1, 0)))
+  counts.setflags(write=False)
+  return counts
+
+
 @dataclasses.dataclass(frozen=True)
 class BigBird(BlockSparse):
   """BigBird's pattern on blocks of B positions: window, global and random blocks."""
@@ -236,8 +253,7 @@ class BigBird(BlockSparse):
     return None
 
   def tiles(self, q_first, q_last, k_first, k_last):
-    table = self.table()
-    counts = np.pad(table.cumsum(0).cumsum(1), ((1, 0), (1, 0)))  # counts[a, c]: table[:a, :c]
+    table, counts = self.table(), _bigbird_counts(self)
     a0 = np.minimum(q_first // self.block, table.shape[0] - 1)
     a1 = np.minimum(q_last // self.block, table.shape[0] - 1) + 1
     c0 = np.minimum(k_first // self.block, table.shape[1] - 1)
