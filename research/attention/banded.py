@@ -31,12 +31,14 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from research.attention.dense import dense_attention, group_broadcast, masked_softmax
 from research.attention.masks import Visibility, visit_lists
 
 Array = jax.Array
 F32 = jnp.float32
+DEFAULT_BLOCK = 64
 
 
 def _slabs(x: Array, num_blocks: int, block: int, n_left: int, n_right: int, axis: int) -> Array:
@@ -106,19 +108,24 @@ def _slab_keys(visibility: Visibility, q_len: int, k, v, bias, mask, num_blocks:
   return tile
 
 
+def gathered_blocks(visibility: Visibility, q_len: int, kv_len: int,
+                    block: int = DEFAULT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+  """The key blocks of `block` each query block of a block-sparse pattern visits, its
+  global rows left out (they are computed apart): `masks.visit_lists`' (visits, counts)."""
+  pattern = visibility._replace(kv_lengths=None,
+                                sparsity=visibility.sparsity.without_global_queries())
+  padded = (math.ceil(q_len / block) * block, math.ceil(kv_len / block) * block)
+  return visit_lists(pattern, (q_len, kv_len), padded, (block, block), False)
+
+
 def _gathered_keys(visibility: Visibility, q_len: int, k, v, bias, mask, num_blocks: int,
                    block: int):
   """tile(i) for a block-sparse pattern: the key blocks query block i visits
-  (`masks.visit_lists`, its global rows left out: they are computed apart), gathered into
-  W = M·bq keys, M the most blocks a query block visits; unused places are masked."""
+  (`gathered_blocks`), gathered into W = M·bq keys, M the most blocks a query block
+  visits; unused places are masked."""
   kv_len, num_kv_heads = k.shape[1], k.shape[2]
   num_key_blocks = math.ceil(kv_len / block)
-  pattern = visibility._replace(kv_lengths=None,
-                                sparsity=visibility.sparsity.without_global_queries())
-  visits, counts = visit_lists(pattern, (q_len, kv_len),
-                               (num_blocks * block, num_key_blocks * block), (block, block),
-                               False)
-  visits, counts = jnp.asarray(visits), jnp.asarray(counts)
+  visits, counts = (jnp.asarray(x) for x in gathered_blocks(visibility, q_len, kv_len, block))
   by_block = lambda x: jnp.pad(x, [(0, 0), (0, num_key_blocks * block - kv_len), (0, 0), (0, 0)]
                                ).reshape(x.shape[0], num_key_blocks, block, *x.shape[2:])
   k_blocks, v_blocks = by_block(k), by_block(v)            # [b, n_k, bq, H_kv, d]
@@ -146,7 +153,8 @@ def _gathered_keys(visibility: Visibility, q_len: int, k, v, bias, mask, num_blo
 
 
 def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array | None,
-                     mask: Array | None, visibility: Visibility, block: int = 64) -> Array:
+                     mask: Array | None, visibility: Visibility,
+                     block: int = DEFAULT_BLOCK) -> Array:
   """Windowed or block-sparse attention on [block, W] tiles.
 
   Args:

@@ -357,7 +357,7 @@ def capability_table() -> str:
   for name, impl in _REGISTRY.items():
     where = "all" if impl.platforms is None else " ".join(sorted(impl.platforms))
     where = " ".join([where, *sorted(p + "*" for p in impl.interpreted)])
-    rank = ("-" if impl.auto_rank is None else "by kv_len" if callable(impl.auto_rank)
+    rank = ("-" if impl.auto_rank is None else "varies" if callable(impl.auto_rank)
             else str(impl.auto_rank))
     rows.append((name, yes(impl.mask), yes(impl.bias), impl.window, yes(impl.global_tokens),
                  yes(impl.block_sparse), yes(impl.key_value_seq_lengths), yes(impl.gqa),

@@ -252,6 +252,11 @@ def test_who_does_it_and_who_refuses():
   assert any("blocks of 8" in r for r in refusal)
   assert not registry.get("pallas_gpu").unsupported(
       request._replace(platform="gpu", sparsity=SparseFixed(block=8)))
+  long = jax.ShapeDtypeStruct((1, 4096, 2, 64), jnp.float32)   # on a CPU, "auto" takes
+  choose = lambda pattern: registry.choose(registry.Request.of(       # banded for few blocks
+      long, long, long, is_causal=True, sparsity=pattern.bind(4096, 4096, True))).name
+  assert choose(BigBird(block=64, window=3, global_blocks=2, random_blocks=3)) == "banded"
+  assert choose(SparseFixed(block=64, summary=8)) == "chunked"   # summaries in every block
   with pytest.raises(ValueError, match="cannot do this: a block-sparse pattern"):
     dot_product_attention(q, q, q, sparsity=pattern, implementation="cudnn")
   with pytest.raises(ValueError, match="pass no window and no global_tokens"):
