@@ -4,9 +4,10 @@ The patterns against the papers' definitions, written here as dense boolean mask
 et al. 2019, section 4.3: A(1) and A(2) of the fixed and strided patterns; Zaheer et al.
 2020: window, global and random blocks, with the draws read from the pattern and checked
 here); every implementation with the pattern against softmax attention with that mask
-and its gradients written out in NumPy, forward and gradients (the Pallas kernels in interpret mode, tiny shapes); the block
-maps the kernels visit against the mask; refusals; the TPU and GPU kernels in the programs
-lowered for those platforms; MultiHeadAttention's option; memory linear in the length."""
+and its gradients written out in NumPy (the Pallas kernels in interpret mode, tiny
+shapes); the block maps the kernels visit against the mask; what "auto" picks and what
+refuses; the TPU and GPU kernels in the programs lowered for those platforms;
+MultiHeadAttention's option and its decoding; memory linear in the length."""
 
 import re
 
@@ -20,6 +21,7 @@ from research.attention import (
     MultiHeadAttention,
     SparseFixed,
     SparseStrided,
+    block_sparse,
     dot_product_attention,
     registry,
 )
@@ -90,7 +92,8 @@ PATTERNS = {
                      lambda: fixed_mask(45, 45, 8, 2, True)),
     "fixed-bidirectional-rectangular": (SparseFixed(block=6, summary=1), 30, 41, False,
                                         lambda: fixed_mask(30, 41, 6, 1, False)),
-    "strided-causal": (SparseStrided(stride=5), 40, 40, True, lambda: strided_mask(40, 40, 5, True)),
+    "strided-causal": (SparseStrided(stride=5), 40, 40, True,
+                       lambda: strided_mask(40, 40, 5, True)),
     "strided-bidirectional": (SparseStrided(stride=7), 38, 38, False,
                               lambda: strided_mask(38, 38, 7, False)),
     "bigbird-bidirectional": (BigBird(block=8, window=3, global_blocks=1, random_blocks=2, seed=3),
@@ -119,12 +122,12 @@ def test_the_pattern_is_the_papers(case):
 
 def test_bigbird_draws_once_per_seed():
   """The same seed and shape give the same random blocks; another seed others."""
-  pattern = BigBird(block=4, window=3, global_blocks=1, random_blocks=3, seed=0)
-  first = pattern.bind(256, 256, False).draws()
-  np.testing.assert_array_equal(first, BigBird(block=4, window=3, global_blocks=1,
-                                               random_blocks=3, seed=0).bind(256, 256, False).draws())
-  assert (first != BigBird(block=4, window=3, global_blocks=1, random_blocks=3,
-                           seed=1).bind(256, 256, False).draws()).any()
+  draws = lambda seed: BigBird(block=4, window=3, global_blocks=1, random_blocks=3,
+                               seed=seed).bind(256, 256, False).draws()
+  first = draws(0)
+  block_sparse._bigbird_draws.cache_clear()      # drawn again, not read from the cache
+  np.testing.assert_array_equal(draws(0), first)
+  assert (draws(1) != first).any()
 
 
 @pytest.mark.parametrize("case", PATTERNS)

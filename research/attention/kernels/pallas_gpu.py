@@ -48,8 +48,9 @@ fit in an A100's shared memory (163 KiB; checked by compiling for sm_80 and sm_9
   1024        f32 d 256                 32 × 32    16 × 32
 
 each clipped to the lengths rounded up to a power of two and, for BigBird, to the largest
-power of two dividing its block B (so B must be a multiple of 16: refused otherwise). Lengths are padded to the tiles
-(padded keys masked, padded queries cut off), head dims to a power of two ≥ 16 with zeros.
+power of two dividing its block B (so B must be a multiple of 16: refused otherwise).
+Lengths are padded to the tiles (padded keys masked, padded queries cut off), head dims to
+a power of two ≥ 16 with zeros.
 Triton: 4 warps up to head dim 64, else 8; 3 pipeline stages up to 64 in the forward, else 2.
 
 Supports: q [batch, q_len, H, d], k / v [batch, kv_len, H_kv, d | d_v] with H_kv dividing H
