@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from research.attention import registry
+from research.attention import block_sparse, registry
 from research.attention.dense import weighted_values
 from research.attention.functional import dot_product_attention
 from research.attention.masks import Visibility
@@ -197,7 +197,8 @@ class MultiHeadAttention(nn.Module):
     cache_index.value = start + new
     lengths = None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths)
     positions = () if self.global_tokens is None else tuple(self.global_tokens)
-    sparsity = None if self.sparsity is None else self.sparsity.bind(max_len, max_len, True)
+    sparsity = block_sparse.check(self.sparsity)
+    sparsity = None if sparsity is None else sparsity.bind(max_len, max_len, True)
     visibility = Visibility.make(True, self.window, lengths, positions, sparsity)
     visible = visibility.dense(new, max_len, q_start=start)[:, None]
     return cached_key.value, cached_value.value, visible

@@ -162,21 +162,20 @@ def _value_and_grads(attention, do, *args):
   return (out, *vjp(do.astype(out.dtype)))
 
 
-def _reference(q, k, v, do, visible, scale):
+def _reference(q, k, v, do, visible, scale, bias):
   """Softmax attention over the visible keys and its gradients, written out in float64
-  NumPy (heads: H query heads read H / H_kv ... as kv head h // (H / H_kv)):
+  NumPy (query head h reads kv head h // (H / H_kv)):
 
-    S = scale · q kᵀ (−∞ where not visible),  P = softmax(S),  out = P v
+    S = scale · q kᵀ + bias (−∞ where not visible),  P = softmax(S),  out = P v
     dv = Pᵀ dout,  dS = P ∘ (dout vᵀ − rowsum(dout ∘ out)),  dq = scale · dS k,
     dk = scale · dSᵀ q
 
-  visible: bool [b|1, q_len, kv_len]; a query seeing no key gets out = 0 and no gradient.
-  Returns out, dq, dk, dv in the layouts of q, k, v."""
+  visible: bool [b|1, H|1, q_len, kv_len], bias like it; a query seeing no key gets
+  out = 0 and no gradient. Returns out, dq, dk, dv in the layouts of q, k, v."""
   q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
   group = q.shape[2] // k.shape[2]
   k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)        # [b, kv, H, d]
-  visible = np.asarray(visible)[:, None]                                 # [b|1, 1, q, kv]
-  s = np.where(visible, scale * np.einsum("bqhd,bkhd->bhqk", q, k), -np.inf)
+  s = np.where(visible, scale * np.einsum("bqhd,bkhd->bhqk", q, k) + bias, -np.inf)
   top = s.max(-1, keepdims=True)
   p = np.exp(s - np.where(np.isfinite(top), top, 0))
   p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)                    # empty rows stay 0
@@ -190,21 +189,30 @@ def _reference(q, k, v, do, visible, scale):
   return out, dq, fold(dk), fold(dv)
 
 
-def _check(names, entry, *, lengths=None, heads=(4, 2), dim=8, block_size=16):
-  """Each implementation of `names` with the pattern of `entry` (of PATTERNS), GQA, against
-  `_reference`: outputs and gradients, all in one compiled program."""
+def _check(names, entry, *, lengths=None, heads=(4, 2), dim=8, block_size=16,
+           mask_and_bias=False):
+  """Each implementation of `names` with the pattern of `entry` (of PATTERNS), GQA, key
+  lengths, a random mask [b, 1, q, k] and bias [1, H, q, k] if asked, against `_reference`:
+  outputs and gradients, all in one compiled program."""
   pattern, q_len, kv_len, causal, _ = entry
   batch = 1 if lengths is None else len(lengths)
   q, k, v, do = _inputs(0, batch, q_len, kv_len, *heads, dim)
-  visible = reference_mask(entry)[None]
+  visible = reference_mask(entry)[None, None]
   if lengths is not None:
-    visible = visible & (np.arange(kv_len)[None, None, :] < np.asarray(lengths)[:, None, None])
+    visible = visible & (np.arange(kv_len) < np.asarray(lengths)[:, None])[:, None, None]
+  rng, mask, bias = np.random.default_rng(1), None, np.zeros((1, 1, 1, 1))
+  if mask_and_bias:
+    mask = rng.random((batch, 1, q_len, kv_len)) < 0.8
+    bias = rng.standard_normal((1, heads[0], q_len, kv_len))
+    visible = visible & mask
   options = dict(is_causal=causal, sparsity=pattern, scale=0.3, block_size=block_size,
-                 key_value_seq_lengths=None if lengths is None else jnp.asarray(lengths))
+                 key_value_seq_lengths=None if lengths is None else jnp.asarray(lengths),
+                 mask=None if mask is None else jnp.asarray(mask),
+                 bias=jnp.asarray(bias, jnp.float32) if mask_and_bias else None)
   got = jax.jit(lambda *a: [_value_and_grads(
       lambda *a, name=name: dot_product_attention(*a, implementation=name, **options), do, *a)
       for name in names])(q, k, v)
-  want = _reference(q, k, v, do, visible, 0.3)
+  want = _reference(q, k, v, do, visible, 0.3, bias)
   for name, values in zip(names, got):
     for what, g, w in zip(("out", "dq", "dk", "dv"), values, want):
       np.testing.assert_allclose(g, w, rtol=0, err_msg=f"{name} {what}",
@@ -217,7 +225,8 @@ def _check(names, entry, *, lengths=None, heads=(4, 2), dim=8, block_size=16):
     ("bigbird-causal", (56, 21), ("chunked", "banded")),        # banded: global rows apart
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_strategies_equal_softmax_with_the_mask(case, lengths, names):
-  _check(names, PATTERNS[case], lengths=lengths)
+  """With a mask and bias too where the pattern is BigBird (banded gathers their tiles)."""
+  _check(names, PATTERNS[case], lengths=lengths, mask_and_bias=case.startswith("bigbird"))
 
 
 @pytest.mark.slow
