@@ -5,10 +5,13 @@ registry of implementations (`register_implementation` plugs in a new kernel).
 Scores: dot, scaled_dot, general, additive, concat, location (`scores.py`).
 Patterns: Luong local-m / local-p (`local.py`), hard attention with REINFORCE and
 Gumbel straight-through (`hard.py`), Linformer and memory-compressed attention
-(`compressed.py`). Modules: `MultiHeadAttention` (with KV cache), `NadarayaWatson`.
+(`compressed.py`). Block-sparse patterns for `sparsity=`: Sparse Transformer's fixed and
+strided, BigBird (`block_sparse.py`). Modules: `MultiHeadAttention` (with KV cache),
+`NadarayaWatson`.
 `from_torch(torch.nn.MultiheadAttention)` imports torch weights.
 """
 
+from research.attention.block_sparse import BigBird, BlockSparse, SparseFixed, SparseStrided
 from research.attention.compressed import (
                                            LinformerSelfAttention,
                                            MemoryCompressedAttention,
@@ -72,4 +75,5 @@ __all__ = [
     "location_score", "make_score", "nadaraya_watson", "padding_mask", "register_implementation",
     "registered_implementations", "reinforce_surrogate", "scaled_dot_score", "supporting_implementations",
     "update_moving_average_baseline", "window_mask",
+    "BigBird", "BlockSparse", "SparseFixed", "SparseStrided",
 ]

@@ -14,9 +14,11 @@ recomputing p_ij = exp(s_ij − lse_i) and with δ_i = rowsum(dout_i ⊙ out_i):
   dv_j += p_ijᵀ dout_i;   ds_ij = p_ij ⊙ (dout_i v_jᵀ − δ_i)
   dq_i += ds_ij k_j · scale;   dk_j += ds_ijᵀ q_i · scale;   dbias_ij = ds_ij
 
-Only blocks that a causal or windowed `Visibility` leaves visible are visited, so
-causal attention costs about half of full attention and a window of half-width w
-costs O(n·w). A query with no visible key returns zeros.
+Only the blocks some query of a block sees under the static `Visibility` are visited
+(`masks.visit_lists`: partially visible blocks with the mask, wholly visible ones
+without), so causal attention costs about half of full attention, a window of
+half-width w O(n·w) and a block-sparse pattern its visible blocks. A query with no
+visible key returns zeros.
 """
 
 import functools
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from research.attention.dense import group_broadcast
-from research.attention.masks import Visibility
+from research.attention.masks import Visibility, visit_lists
 
 Array = jax.Array
 F32 = jnp.float32
@@ -39,13 +41,17 @@ class _Static(NamedTuple):
   k_block: int
   q_len: int      # before padding
   kv_len: int     # before padding
-  left: int | None
-  right: int | None
-  causal: bool
-  global_tokens: tuple[int, ...]
+  pattern: Visibility   # without key lengths: hashable, static
 
   def visibility(self, kv_lengths) -> Visibility:
-    return Visibility(self.left, self.right, kv_lengths, self.causal, self.global_tokens)
+    return self.pattern._replace(kv_lengths=kv_lengths)
+
+  def visits(self, padded: tuple[int, int], transpose: bool) -> tuple[Array, Array]:
+    """The blocks to visit per query block (per key block when `transpose`) and their
+    counts (partial, all), from the static pattern (`masks.visit_lists`)."""
+    visits, counts = visit_lists(self.pattern, (self.q_len, self.kv_len), padded,
+                                 (self.q_block, self.k_block), transpose)
+    return jnp.asarray(visits), jnp.asarray(counts)
 
 
 def _pad_to(x: Array | None, axis: int, multiple: int) -> Array | None:
@@ -102,40 +108,27 @@ def _logits(s: _Static, q_i, k_j, bias, q_start, k_start) -> Array:
   return logits if bias_block is None else logits + bias_block.astype(F32)
 
 
-def _block_range(first, last, block: int) -> tuple[Array, Array]:
-  """Positions [first, last) -> indices of the blocks that overlap them."""
-  return first // block, (last + block - 1) // block
-
-
-def _full_block_range(first, last, block: int, mask, kv_lengths, length: int):
-  """Block indices whose every position lies in [first, last) and needs no mask."""
-  if mask is not None or kv_lengths is not None:
-    return jnp.asarray(0), jnp.asarray(0)
-  last = jnp.minimum(last, length)
-  return (first + block - 1) // block, last // block
-
-
-def _fori_masked_and_full(lo, hi, full, body, carry):
-  """fori_loop over blocks [lo, hi): body(j, carry, masked=False) on the fully visible
-  sub-range `full`, masked=True on the blocks before and after it."""
-  full_lo = jnp.clip(full[0], lo, hi)
-  full_hi = jnp.clip(full[1], full_lo, hi)
-  carry = lax.fori_loop(lo, full_lo, lambda j, c: body(j, c, True), carry)
-  carry = lax.fori_loop(full_lo, full_hi, lambda j, c: body(j, c, False), carry)
-  return lax.fori_loop(full_hi, hi, lambda j, c: body(j, c, True), carry)
+def _visit(visits, counts, row, dynamic_mask: bool, body, carry):
+  """body(block, carry, masked) over the blocks listed for `row`: masked=True on the
+  partially visible ones (all of them when a mask or key lengths apply), False on the
+  wholly visible ones."""
+  partial, every = counts[row, 0], counts[row, 1]
+  if dynamic_mask:
+    partial = every
+  step = lambda masked: lambda t, c: body(visits[row, t], c, masked)
+  carry = lax.fori_loop(0, partial, step(True), carry)
+  return lax.fori_loop(partial, every, step(False), carry)
 
 
 def _forward(s: _Static, q, k, v, bias, mask, kv_lengths):
   """q [b, H_kv, G, Lq, d], k/v [b, H_kv, Lk, d] (padded) -> out, lse."""
-  vis = s.visibility(kv_lengths)
   num_q_blocks = q.shape[3] // s.q_block
+  visits, counts = s.visits((q.shape[3], k.shape[2]), transpose=False)
+  dynamic_mask = mask is not None or kv_lengths is not None
 
   def query_block(i):
     q_start = i * s.q_block
     q_i = _block(q, q_start, s.q_block, 3)
-    first, last = _block_range(*vis.key_block_range(q_start, s.q_block, s.kv_len), s.k_block)
-    full = _full_block_range(*vis.full_key_range(q_start, s.q_block), s.k_block, mask,
-                             kv_lengths, s.kv_len)
 
     def key_block(j, carry, masked):
       m, l, acc = carry
@@ -156,7 +149,7 @@ def _forward(s: _Static, q, k, v, bias, mask, kv_lengths):
     shape = q_i.shape[:-1]
     init = (jnp.full(shape, -jnp.inf, F32), jnp.zeros(shape, F32),
             jnp.zeros(shape + v.shape[-1:], F32))
-    m, l, acc = _fori_masked_and_full(first, last, full, key_block, init)
+    m, l, acc = _visit(visits, counts, i, dynamic_mask, key_block, init)
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), jnp.inf)
     return out, lse
@@ -184,7 +177,8 @@ def _attention_bwd(s, residuals, d_out):
   """Works on transposed blocks sᵀ = k qᵀ [.., bk, bq] so that dv = pᵀ dout and
   dk = dsᵀ q are plain products; only dq = ds k needs a transpose."""
   q, k, v, bias, mask, kv_lengths, out, lse = residuals
-  vis = s.visibility(kv_lengths)
+  visits, counts = s.visits((q.shape[3], k.shape[2]), transpose=True)
+  dynamic_mask = mask is not None or kv_lengths is not None
   delta = jnp.sum(d_out.astype(F32) * out.astype(F32), axis=-1)     # [b, h, g, Lq]
   num_k_blocks = k.shape[2] // s.k_block
   transpose = lambda x: None if x is None else jnp.swapaxes(x, -1, -2)
@@ -193,10 +187,6 @@ def _attention_bwd(s, residuals, d_out):
     d_q, d_k, d_v, d_bias = carry
     k_start = j * s.k_block
     k_j, v_j = _block(k, k_start, s.k_block, 2), _block(v, k_start, s.k_block, 2)
-    first, last = _block_range(*vis.query_block_range(k_start, s.k_block, s.q_len), s.q_block)
-    keys_padded = k_start + s.k_block > s.kv_len
-    full = _full_block_range(*vis.full_query_range(k_start, s.k_block), s.q_block, mask,
-                             kv_lengths, jnp.where(keys_padded, 0, s.q_len))
 
     def query_block(i, carry, masked):
       d_k_j, d_v_j, d_q, d_bias = carry
@@ -225,7 +215,7 @@ def _attention_bwd(s, residuals, d_out):
       return d_k_j, d_v_j, d_q, d_bias
 
     init = (jnp.zeros(k_j.shape, F32), jnp.zeros(v_j.shape, F32), d_q, d_bias)
-    d_k_j, d_v_j, d_q, d_bias = _fori_masked_and_full(first, last, full, query_block, init)
+    d_k_j, d_v_j, d_q, d_bias = _visit(visits, counts, j, dynamic_mask, query_block, init)
     d_k = lax.dynamic_update_slice_in_dim(d_k, d_k_j, k_start, 2)
     d_v = lax.dynamic_update_slice_in_dim(d_v, d_v_j, k_start, 2)
     return d_q, d_k, d_v, d_bias
@@ -259,7 +249,8 @@ def chunked_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array
     scale: multiplies q kᵀ.
     bias: [batch|1, H|1, q_len|1, kv_len|1] or None (a dense bias is O(n²) memory).
     mask: bool, same broadcasting as bias, or None.
-    visibility: causal / window / global tokens / key lengths, applied block by block.
+    visibility: causal / window / global tokens / block-sparse pattern / key lengths,
+      applied block by block.
     q_block, k_block: block sizes (clipped to the sequence lengths).
 
   Returns:
@@ -268,8 +259,7 @@ def chunked_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array
   b, q_len, h, _ = q.shape
   kv_len, num_kv_heads = k.shape[1], k.shape[2]
   q_block, k_block = min(q_block, q_len), min(k_block, kv_len)
-  s = _Static(scale, q_block, k_block, q_len, kv_len, visibility.left, visibility.right,
-              visibility.causal, visibility.global_tokens)
+  s = _Static(scale, q_block, k_block, q_len, kv_len, visibility._replace(kv_lengths=None))
   # [b, L, H, d] -> [b, H_kv, G, L, d] and [b, L, H_kv, d] -> [b, H_kv, L, d], padded to blocks
   qh = jnp.moveaxis(q.reshape(b, q_len, num_kv_heads, h // num_kv_heads, -1), 1, 3)
   kh, vh = jnp.moveaxis(k, 1, 2), jnp.moveaxis(v, 1, 2)

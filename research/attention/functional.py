@@ -13,10 +13,10 @@ traced on a CPU machine and lowered for a TPU runs splash's kernel there. A requ
 implementation can do on no platform fails when traced, naming what is missing and the
 implementations that can; one it can do elsewhere fails when lowered for a platform it
 cannot run on. In short: dense materialises the weights [batch, H, q_len, kv_len]
-(return_weights=True); chunked is exact in O(n) memory, skipping the key blocks a causal or
-windowed query block cannot see; banded takes a sliding window in O(n·(w + |G|)) without a
-dense mask; cudnn, pallas_gpu (Triton) and pallas_tpu (splash) are the fused kernels of
-`kernels/`.
+(return_weights=True); chunked is exact in O(n) memory, skipping the key blocks a causal,
+windowed or block-sparse query block cannot see; banded takes a sliding window or a
+block-sparse pattern in O(n·(w + |G|)) without a dense mask; cudnn, pallas_gpu (Triton) and
+pallas_tpu (splash) are the fused kernels of `kernels/`.
 
 Named and lowered for a CPU, the Pallas kernels run in Pallas interpret mode (for tests);
 lowered for their own platform they are the real kernels.
@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from research.attention import implementations, kernels, platforms, registry  # noqa: F401 (registration)
+from research.attention import implementations, kernels  # noqa: F401 (registration)
+from research.attention import block_sparse, platforms, registry
 from research.attention.masks import Visibility
 
 Array = jax.Array
@@ -80,7 +81,8 @@ def _global_positions(global_tokens, length: int) -> tuple[int, ...]:
 
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = None,
                           bias: Array | None = None, is_causal: bool = False, window=None,
-                          global_tokens=None, implementation: str = "auto", return_weights: bool = False,
+                          global_tokens=None, sparsity=None, implementation: str = "auto",
+                          return_weights: bool = False,
                           scale: float | None = None,
                           key_value_seq_lengths: Array | None = None,
                           block_size: int | None = None):
@@ -95,6 +97,11 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     global_tokens: static positions (ints) of Longformer's global tokens: each sees every
       key and is seen by every query, within causality and key lengths (see
       `masks.Visibility`); usually with a window.
+    sparsity: a static block-sparse pattern (`block_sparse`): `SparseFixed(block, summary)`
+      or `SparseStrided(stride)` (Sparse Transformer), `BigBird(block, window,
+      global_blocks, random_blocks, seed)`; with is_causal within causality. It replaces
+      window and global_tokens (pass neither). Every implementation visits only the blocks
+      it leaves visible, or refuses it (cuDNN).
     implementation: "auto" or a registered name (`implementations.names()`): "dense",
       "chunked", "banded", "cudnn", "pallas_gpu", "pallas_tpu", or one of the user's.
     return_weights: also return the weights [batch, H, q_len, kv_len] (dense only).
@@ -122,9 +129,11 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
       raise ValueError(f"key_value_seq_lengths must have shape (batch,) = ({b},), "
                        f"got {key_value_seq_lengths.shape}")
   positions = _global_positions(global_tokens, max(q_len, k.shape[1]))
-  visibility = Visibility.make(is_causal, window, key_value_seq_lengths, positions)
+  if block_sparse.check(sparsity) is not None:
+    sparsity = sparsity.bind(q_len, k.shape[1], is_causal)
+  visibility = Visibility.make(is_causal, window, key_value_seq_lengths, positions, sparsity)
   request = registry.Request.of(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                                window=window, global_tokens=positions,
+                                window=window, global_tokens=positions, sparsity=sparsity,
                                 key_value_seq_lengths=key_value_seq_lengths,
                                 return_weights=return_weights)
   choices = registry.plan(implementation, request, platforms.host())

@@ -2,16 +2,18 @@
 
 Together with the accelerator kernels (`kernels/`, registered there), the registry reads:
 
-  name        mask  bias  window    global  lengths  H_kv<H  dtypes        platforms  weights  auto rank
-  dense       yes   yes   optional  yes     yes      yes     f32 bf16 f16  all        yes      by kv_len
-  chunked     yes   yes   optional  yes     yes      yes     f32 bf16 f16  all        no       3
-  banded      yes   yes   required  yes     yes      yes     f32 bf16 f16  all        no       2
-  cudnn       yes   yes   optional  no      yes      yes     bf16 f16      gpu        no       0
-  pallas_gpu  yes   yes   optional  yes     yes      yes     f32 bf16 f16  gpu cpu*   no       0
-  pallas_tpu  no    no    optional  yes     yes      yes     f32 bf16      tpu cpu*   no       0
+  name        mask  bias  window    global  sparse  lengths  H_kv<H  dtypes        platforms  weights  auto rank
+  dense       yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  all        yes      varies
+  chunked     yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  all        no       3
+  banded      yes   yes   required  yes     yes     yes      yes     f32 bf16 f16  all        no       varies
+  cudnn       yes   yes   optional  no      no      yes      yes     bf16 f16      gpu        no       0
+  pallas_gpu  yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  gpu cpu*   no       0
+  pallas_tpu  no    no    optional  yes     yes     yes      yes     f32 bf16      tpu cpu*   no       0
 
 (`registry.capability_table()`; a test keeps this copy equal to it). "global" is
-`global_tokens=`, "lengths" `key_value_seq_lengths`, "weights" `return_weights=True`;
+`global_tokens=`, "sparse" `sparsity=` (a block-sparse pattern: Sparse Transformer's fixed
+or strided, BigBird; it stands for banded's required window), "lengths"
+`key_value_seq_lengths`, "weights" `return_weights=True`;
 cpu* is Pallas interpret mode (slow: for tests, taken by name only). Causal attention is
 no capability: every implementation does it. cuDNN also refuses a two-sided window, a
 window with a mask or bias, head dims it cannot take and odd lengths with a bias
@@ -23,16 +25,21 @@ implementation running natively there that can do the request, by auto rank:
   platform  tried in order
   gpu       cudnn, pallas_gpu, then as on cpu
   tpu       pallas_tpu, then as on cpu
-  cpu       dense if kv_len <= 256, banded, chunked, dense
+  cpu       dense if kv_len <= 256, banded, chunked, dense (banded after chunked for a
+            block-sparse pattern whose query blocks visit over a quarter of the key blocks)
 
-so a fused kernel runs wherever one can do the pattern; otherwise a sliding window goes to
-`banded` (O(n·w)), anything else to `chunked` (O(n) memory), and the weights
+so a fused kernel runs wherever one can do the pattern; otherwise a sliding window or a
+block-sparse pattern of few blocks per row (BigBird) goes to `banded` (O(n·w), or O(n)
+times the blocks a query block visits), anything else (fixed, strided) to `chunked` (O(n)
+memory), and the weights
 (`return_weights=True`) to `dense`. Up to kv_len = 256 (one key block of `chunked`) dense
 is the same memory in one step. "auto" never changes the mathematics: a request no
 candidate can do raises the error of an explicit name.
 """
 
-from research.attention.banded import banded_attention
+import math
+
+from research.attention.banded import DEFAULT_BLOCK, banded_attention, gathered_blocks
 from research.attention.chunked import chunked_attention
 from research.attention.dense import dense_attention
 from research.attention.masks import Visibility
@@ -45,6 +52,19 @@ BANDED_RANK, CHUNKED_RANK = 2, 3   # after the fused kernels (0); dense: 1 when 
 
 def _dense_rank(request: Request) -> int:
   return 1 if request.kv_len <= DENSE_MAX_KV_LEN else 4
+
+
+def _banded_rank(request: Request) -> int:
+  """Before chunked for a window, and for a block-sparse pattern whose query blocks visit
+  at most a quarter of the key blocks (BigBird's w + g + r at length 32·B or more); after
+  it where they visit more (fixed's summaries and strided's strides lie in every key
+  block): banded computes every query block's tile as wide as the widest."""
+  if request.sparsity is None:
+    return BANDED_RANK
+  visibility = Visibility.make(request.causal, None, sparsity=request.sparsity)
+  visits, _ = gathered_blocks(visibility, request.q_len, request.kv_len)
+  quarter = math.ceil(request.kv_len / DEFAULT_BLOCK) / 4
+  return BANDED_RANK if visits.shape[1] <= quarter else CHUNKED_RANK + 1
 
 
 # The three strategies of this package, behind the uniform signature.
@@ -74,9 +94,9 @@ def _banded(q, k, v, *, scale, bias, mask, visibility, block_size, return_weight
                           **blocks)
 
 
-_EXACT = dict(mask=True, bias=True, window="optional", global_tokens=True,
+_EXACT = dict(mask=True, bias=True, window="optional", global_tokens=True, block_sparse=True,
               key_value_seq_lengths=True, gqa=True, dtypes=FLOAT_DTYPES)
 register(Implementation("dense", _dense, returns_weights=True, auto_rank=_dense_rank, **_EXACT))
 register(Implementation("chunked", _chunked, auto_rank=CHUNKED_RANK, **_EXACT))
-register(Implementation("banded", _banded, auto_rank=BANDED_RANK,
+register(Implementation("banded", _banded, auto_rank=_banded_rank,
                         **(_EXACT | dict(window="required"))))

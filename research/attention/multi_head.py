@@ -7,7 +7,9 @@ With H query heads, H_kv key/value heads (H_kv divides H; G = H / H_kv) and d = 
   out = Σ_h head_h W_o^h + b_o
 
 H_kv = H is multi-head attention, H_kv = 1 multi-query attention (Shazeer 2019), anything
-in between grouped-query attention (Ainslie et al. 2023). Parameters, with D_q, D_k, D_v
+in between grouped-query attention (Ainslie et al. 2023). `window` / `global_tokens`
+(Longformer) or `sparsity` (Sparse Transformer's fixed / strided, BigBird: see
+`block_sparse`) restrict which keys each query sees. Parameters, with D_q, D_k, D_v
 the feature sizes of the query, key and value inputs (the names and layout of
 `flax.linen.MultiHeadDotProductAttention`):
 
@@ -34,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from research.attention import registry
+from research.attention import block_sparse, registry
 from research.attention.dense import weighted_values
 from research.attention.functional import dot_product_attention
 from research.attention.masks import Visibility
@@ -74,6 +76,8 @@ class MultiHeadAttention(nn.Module):
   implementation: str = "auto"            # "auto" or a registered name: "dense", "chunked", …
   window: Any = None                      # None, w or (left, right): sliding-window attention
   global_tokens: Any = None               # static positions of Longformer global tokens
+  sparsity: Any = None                    # a block-sparse pattern: SparseFixed, SparseStrided,
+                                          # BigBird (`block_sparse`; one seed per layer)
   block_size: int | None = None           # chunked / banded block length (None: their defaults)
   use_bias: bool = True                   # biases in the four projections
   decode: bool = False                    # incremental decoding with a KV cache (self-attention)
@@ -134,7 +138,7 @@ class MultiHeadAttention(nn.Module):
     v = dense((num_kv_heads, head_dim), name="value")(inputs_v)
 
     pattern = dict(is_causal=is_causal, window=self.window, global_tokens=self.global_tokens,
-                   key_value_seq_lengths=key_value_seq_lengths)
+                   sparsity=self.sparsity, key_value_seq_lengths=key_value_seq_lengths)
     implementation = self.implementation
     if self.decode:
       k, v, step_visible = self._cached_keys_values(k, v, key_value_seq_lengths)
@@ -171,7 +175,8 @@ class MultiHeadAttention(nn.Module):
     Without a cache yet (at `init`), allocates it with k's shape and returns (k, v, None).
     Otherwise returns cached keys, values [b, max_len, H_kv, d] and the step's visibility
     [b|1, 1, n, max_len]: query i (position cache_index + i) sees keys j ≤ cache_index + i,
-    within the window and the key lengths.
+    within the window (or block-sparse pattern, bound to [max_len, max_len] as the causal
+    pass over the whole sequence binds it) and the key lengths.
     """
     initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
@@ -192,6 +197,8 @@ class MultiHeadAttention(nn.Module):
     cache_index.value = start + new
     lengths = None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths)
     positions = () if self.global_tokens is None else tuple(self.global_tokens)
-    visibility = Visibility.make(True, self.window, lengths, positions)
+    sparsity = block_sparse.check(self.sparsity)
+    sparsity = None if sparsity is None else sparsity.bind(max_len, max_len, True)
+    visibility = Visibility.make(True, self.window, lengths, positions, sparsity)
     visible = visibility.dense(new, max_len, q_start=start)[:, None]
     return cached_key.value, cached_value.value, visible

@@ -26,10 +26,10 @@ auto_rank=0))`. Its function has the uniform signature
 
 with q [batch, q_len, H, d], k / v [batch, kv_len, H_kv, d], bias and mask None or
 [batch|1, H|1, q_len|1, kv_len|1] (mask boolean, True = may attend), `visibility` a
-`masks.Visibility` (causal, window, static global-token positions, key lengths),
-`block_size` an int or None (the implementation's default), and `interpret` (only for
-implementations with `interpreted` platforms) True where it runs in Pallas' interpreter;
-it returns out [batch, q_len, H, d_v] in q's dtype, or (out, weights float32
+`masks.Visibility` (causal, window, static global-token positions, a block-sparse pattern,
+key lengths), `block_size` an int or None (the implementation's default), and `interpret`
+(only for implementations with `interpreted` platforms) True where it runs in Pallas'
+interpreter; it returns out [batch, q_len, H, d_v] in q's dtype, or (out, weights float32
 [batch, H, q_len, kv_len]) when `return_weights`. It is only called with requests its
 capabilities allow.
 """
@@ -113,6 +113,7 @@ class Request(NamedTuple):
   window: tuple[int, int] | None = None     # (left, right), right = 0 when causal; or None
   causal: bool = False                      # query i sees keys j <= i
   global_tokens: bool = False               # Longformer global tokens are given
+  sparsity: Any = None                      # a block-sparse pattern (`block_sparse`), or None
   key_value_seq_lengths: bool = False       # key padding given as lengths
   gqa: bool = False                         # fewer key/value heads than query heads
   dtype: str = "float32"                    # the dtype q, k, v promote to
@@ -124,12 +125,13 @@ class Request(NamedTuple):
 
   @classmethod
   def of(cls, q: Array, k: Array, v: Array, *, mask=None, bias=None, is_causal: bool = False,
-         window=None, global_tokens=None, key_value_seq_lengths=None,
+         window=None, global_tokens=None, sparsity=None, key_value_seq_lengths=None,
          return_weights: bool = False) -> "Request":
     """The request of `dot_product_attention(q, k, v, ...)` (platform: set by `plan`)."""
     return cls(mask=mask is not None, bias=bias is not None,
                window=normalize_window(window, is_causal), causal=bool(is_causal),
                global_tokens=global_tokens is not None and np.size(global_tokens) > 0,
+               sparsity=sparsity,
                key_value_seq_lengths=key_value_seq_lengths is not None,
                gqa=k.shape[2] < q.shape[2],
                dtype=jnp.result_type(q.dtype, k.dtype, v.dtype).name,
@@ -150,6 +152,8 @@ class Implementation:
   bias: bool = False                        # a bias added to the logits
   window: str = "unsupported"               # "unsupported", "optional" or "required"
   global_tokens: bool = False               # Longformer global tokens (`global_tokens=`)
+  block_sparse: bool = False                # a block-sparse pattern (`sparsity=`); with
+                                            # window="required", it stands for the window
   key_value_seq_lengths: bool = False       # key padding given as lengths
   gqa: bool = False                         # grouped / multi-query heads, H_kv < H
   dtypes: frozenset[str] = frozenset({"float32"})  # dtype names of q, k, v
@@ -192,10 +196,14 @@ class Implementation:
       missing.append("a bias")
     if request.window is not None and self.window == "unsupported":
       missing.append(f"a window {request.window}")
-    if request.window is None and self.window == "required":
-      missing.append(f"no window ({self.name} needs a window: pass window=w or (left, right))")
+    if request.window is None and self.window == "required" and (
+        request.sparsity is None or not self.block_sparse):
+      missing.append(f"no window ({self.name} needs a window: pass window=w or (left, right)"
+                     f"{' or a block-sparse pattern' if self.block_sparse else ''})")
     if request.global_tokens and not self.global_tokens:
       missing.append("global tokens")
+    if request.sparsity is not None and not self.block_sparse:
+      missing.append(f"a block-sparse pattern ({type(request.sparsity).__name__})")
     if request.key_value_seq_lengths and not self.key_value_seq_lengths:
       missing.append("key_value_seq_lengths")
     if request.gqa and not self.gqa:
@@ -343,16 +351,16 @@ def plan(name: str, request: Request, host: str) -> dict[str, Choice]:
 
 def capability_table() -> str:
   """The registry as the table in `implementations.py`'s docstring and the README."""
-  rows = [("name", "mask", "bias", "window", "global", "lengths", "H_kv<H", "dtypes",
+  rows = [("name", "mask", "bias", "window", "global", "sparse", "lengths", "H_kv<H", "dtypes",
            "platforms", "weights", "auto rank")]
   yes = lambda flag: "yes" if flag else "no"
   for name, impl in _REGISTRY.items():
     where = "all" if impl.platforms is None else " ".join(sorted(impl.platforms))
     where = " ".join([where, *sorted(p + "*" for p in impl.interpreted)])
-    rank = ("-" if impl.auto_rank is None else "by kv_len" if callable(impl.auto_rank)
+    rank = ("-" if impl.auto_rank is None else "varies" if callable(impl.auto_rank)
             else str(impl.auto_rank))
     rows.append((name, yes(impl.mask), yes(impl.bias), impl.window, yes(impl.global_tokens),
-                 yes(impl.key_value_seq_lengths), yes(impl.gqa),
+                 yes(impl.block_sparse), yes(impl.key_value_seq_lengths), yes(impl.gqa),
                  " ".join(d.replace("float", "f") for d in sorted(impl.dtypes, key=["float32", "bfloat16",
                                                             "float16"].index)),
                  where, yes(impl.returns_weights), rank))

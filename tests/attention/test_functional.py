@@ -11,7 +11,7 @@ import torch
 from hypothesis import Phase, given, settings
 
 from research.attention import dot_product_attention
-from research.attention.masks import Visibility
+from research.attention.masks import Visibility, visit_lists
 
 # Compared with jax.nn and torch SDPA within 2e-5: full float32 products, not TF32.
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -211,17 +211,18 @@ def test_heads_must_divide():
     dot_product_attention(q, k, v)
 
 
-def test_visibility_block_ranges_cover_exactly_the_visible_keys():
+def test_visit_lists_cover_exactly_the_visible_key_blocks():
+  """The blocks chunked / banded / pallas_gpu loop over: per query block of 8, exactly the
+  key blocks of 8 some query sees (partial ones first), the wholly visible ones last."""
   vis = Visibility.make(is_causal=True, window=(5, 3))
   dense = np.asarray(vis.dense(40, 40))[0]
-  for q_start in range(0, 40, 8):
-    first, last = (int(x) for x in vis.key_block_range(q_start, 8, 40))
-    seen = np.nonzero(dense[q_start:q_start + 8].any(0))[0]
-    assert (first, last) == (seen.min(), seen.max() + 1)
-    full_first, full_last = (int(x) for x in vis.full_key_range(q_start, 8))
-    all_see = np.nonzero(dense[q_start:q_start + 8].all(0))[0]
-    if len(all_see):
-      assert (full_first, min(full_last, 40)) == (all_see.min(), all_see.max() + 1)
+  visits, counts = visit_lists(vis, (40, 40), (40, 40), (8, 8), False)
+  for i in range(5):
+    blocks = dense[8 * i:8 * i + 8].reshape(8, 5, 8)
+    seen, full = blocks.any((0, 2)), blocks.all((0, 2))
+    partial, every = counts[i]
+    assert set(visits[i, :every]) == set(np.flatnonzero(seen))
+    assert set(visits[i, partial:every]) == set(np.flatnonzero(full))
 
 
 @pytest.mark.parametrize("bias_shape", [(1, 2, 8, 35), (2, 1, 1, 35), (1, 1, 8, 1)])

@@ -26,14 +26,17 @@ query tile and head, looping over key tiles; with a bias it also writes dS, whic
 over the broadcast axes of the bias: this materialises [batch, H, q_len, kv_len] float32).
 Rows with lse = +∞ (no key seen, or padding) have P = 0 and contribute nothing.
 
-Block visits. `Visibility.block_map` (static: causal, window, global tokens, kv_len) says for
-each (query tile, key tile) pair: 0 invisible, 1 partially visible, 2 fully visible. At trace
-time it becomes, per query tile, the list of key tiles to visit (partial ones first) and its
-two counts, int32 arrays the forward and dQ kernels index; the transposed map gives, per key
-tile, the query tiles for dK, dV. A window w thus costs O(L·w), causal half of full, global
-tokens add their rows and columns of tiles. Partial tiles evaluate the pattern on position
-iotas (window, causality, global tokens through a bool table of positions, the end of the
-keys); every tile applies the dynamic part: key lengths, the user's mask and bias tiles.
+Block visits. `Visibility.block_map` (static: causal, window, global tokens, a block-sparse
+pattern, kv_len) says for each (query tile, key tile) pair: 0 invisible, 1 partially visible,
+2 fully visible. At trace time `masks.visit_lists` makes it, per query tile, the list of key
+tiles to visit (partial ones first) and its two counts, int32 arrays the forward and dQ
+kernels index; the transposed map gives, per key tile, the query tiles for dK, dV. A window
+w thus costs O(L·w), causal half of full, global tokens add their rows and columns of tiles,
+a block-sparse pattern (Sparse Transformer, BigBird) its visible tiles. Partial tiles
+evaluate the pattern on position iotas (window, causality, global tokens through a bool
+table of positions, the fixed / strided rule, the end of the keys; BigBird's tiles lie
+within its blocks, so its table is all in the visit lists); every tile applies the dynamic
+part: key lengths, the user's mask and bias tiles.
 
 Tiles (`_tiles`, block_q × block_k): block_size (a power of two ≥ 16) for every kernel, else
 by the bytes of a padded head row, d · itemsize, so that the tiles and their pipeline stages
@@ -44,8 +47,10 @@ fit in an A100's shared memory (163 KiB; checked by compiling for sm_80 and sm_9
   ≤ 512       bf16 d 256, f32 d 128     64 × 32    32 × 32
   1024        f32 d 256                 32 × 32    16 × 32
 
-each clipped to the lengths rounded up to a power of two. Lengths are padded to the tiles
-(padded keys masked, padded queries cut off), head dims to a power of two ≥ 16 with zeros.
+each clipped to the lengths rounded up to a power of two and, for BigBird, to the largest
+power of two dividing its block B (so B must be a multiple of 16: refused otherwise).
+Lengths are padded to the tiles (padded keys masked, padded queries cut off), head dims to
+a power of two ≥ 16 with zeros.
 Triton: 4 warps up to head dim 64, else 8; 3 pipeline stages up to 64 in the forward, else 2.
 
 Supports: q [batch, q_len, H, d], k / v [batch, kv_len, H_kv, d | d_v] with H_kv dividing H
@@ -68,7 +73,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from research.attention import registry
-from research.attention.masks import Visibility
+from research.attention.masks import Visibility, visit_lists
 
 Array = jax.Array
 MIN_CAPABILITY = (8, 0)   # XLA compiles Triton kernels for Ampere and newer only
@@ -106,9 +111,14 @@ TILES_BY_ROW_BYTES = ((256, (128, 64), (64, 64)), (512, (64, 32), (32, 32)),
                       (1024, (32, 32), (16, 32)))
 
 
+def _largest_power_of_two_dividing(n: int) -> int:
+  return n & -n
+
+
 def _tiles(block_size: int | None, head_dim: int, itemsize: int, q_len: int,
-           kv_len: int) -> tuple[Tiles, Tiles]:
-  """(forward, backward) tiles for a padded head dim (see the module docstring)."""
+           kv_len: int, nest: int | None = None) -> tuple[Tiles, Tiles]:
+  """(forward, backward) tiles for a padded head dim (see the module docstring), at most
+  the largest power of two dividing `nest` (a block-sparse pattern's blocks) if given."""
   if block_size is not None and (block_size < MIN_TILE or block_size != _power_of_two(block_size)):
     raise ValueError(f"pallas_gpu: block_size must be a power of two >= {MIN_TILE}, "
                      f"got {block_size}")
@@ -116,34 +126,11 @@ def _tiles(block_size: int | None, head_dim: int, itemsize: int, q_len: int,
                            if head_dim * itemsize <= row_bytes)
   if block_size is not None:
     forward = backward = (block_size, block_size)
-  fit = lambda block, length: min(block, max(MIN_TILE, _power_of_two(length)))
+  most = _largest_power_of_two_dividing(nest) if nest else None
+  fit = lambda block, length: min(block, max(MIN_TILE, _power_of_two(length)), most or block)
   warps = 4 if head_dim <= 64 else 8
   return (Tiles(fit(forward[0], q_len), fit(forward[1], kv_len), warps, 3 if head_dim <= 64 else 2),
           Tiles(fit(backward[0], q_len), fit(backward[1], kv_len), warps, 2))
-
-
-@functools.lru_cache(maxsize=64)
-def visit_lists(pattern: Visibility, lengths: tuple[int, int], padded: tuple[int, int],
-                blocks: tuple[int, int], transpose: bool) -> tuple[np.ndarray, np.ndarray]:
-  """Per query tile (per key tile when `transpose`) of the padded lengths, the tiles of the
-  other axis to visit under `pattern` (a Visibility without key lengths) at the real lengths.
-
-  Returns visits int32 [tiles, most visits] (tile indices, partially visible ones first) and
-  counts int32 [tiles, 2] = (partial, all); tiles wholly in the padding visit nothing.
-  """
-  block_map = pattern.block_map(*lengths, *blocks)
-  tiles = [n // b for n, b in zip(padded, blocks)]
-  block_map = np.pad(block_map, [(0, t - n) for t, n in zip(tiles, block_map.shape)])
-  if transpose:
-    block_map = block_map.T
-  lists = [np.concatenate([np.flatnonzero(row == 1), np.flatnonzero(row == 2)])
-           for row in block_map]
-  visits = np.zeros((len(lists), max(1, *map(len, lists))), np.int32)
-  counts = np.zeros((len(lists), 2), np.int32)
-  for r, (row, visited) in enumerate(zip(block_map, lists)):
-    visits[r, :len(visited)] = visited
-    counts[r] = (row == 1).sum(), len(visited)
-  return visits, counts
 
 
 # ---------------------------------------------------------------- tiles inside the kernels
@@ -169,7 +156,7 @@ def _visible(refs, config: Config, q_start, k_start, block_q: int, block_k: int,
       is_global = refs["is_global"]
       flags = dict(global_queries=is_global[pl.ds(q_start, block_q)][:, None],
                    global_keys=is_global[pl.ds(k_start, block_k)][None, :])
-    pattern = config.pattern.pattern_visible(keys - queries, **flags)
+    pattern = config.pattern.tile_visible(queries, keys, **flags)
     if pattern is not None:
       conditions.append(pattern)
     if config.kv_len % block_k:
@@ -467,7 +454,8 @@ def pallas_gpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
     raise ValueError(f"pallas_gpu takes head dims up to {MAX_HEAD_DIM}, got {head_dim}, {d_v}")
   dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
   d_padded, dv_padded = (max(MIN_TILE, _power_of_two(n)) for n in (head_dim, d_v))
-  forward, backward = _tiles(block_size, d_padded, dtype.itemsize, q_len, kv_len)
+  nest = None if visibility.sparsity is None else visibility.sparsity.nest
+  forward, backward = _tiles(block_size, d_padded, dtype.itemsize, q_len, kv_len, nest)
   config = Config(float(scale), visibility._replace(kv_lengths=None), q_len, kv_len, forward,
                   backward, bool(interpret))
   round_up = lambda n, blocks: -(-n // max(blocks)) * max(blocks)  # to every tile (powers of 2)
@@ -488,11 +476,15 @@ def refusals(request: registry.Request) -> list[str]:
   reasons = registry.below_capability(request, MIN_CAPABILITY, "XLA's Triton")
   if request.head_dim > MAX_HEAD_DIM:
     reasons.append(f"head dim {request.head_dim} (pallas_gpu takes up to {MAX_HEAD_DIM})")
+  nest = None if request.sparsity is None else request.sparsity.nest
+  if nest and nest % MIN_TILE:
+    reasons.append(f"a pattern of blocks of {nest} (pallas_gpu's tiles, powers of two >= "
+                   f"{MIN_TILE}, must divide them)")
   return reasons
 
 
 registry.register(registry.Implementation(
     "pallas_gpu", pallas_gpu_attention, mask=True, bias=True, window="optional",
-    global_tokens=True, key_value_seq_lengths=True, gqa=True,
+    global_tokens=True, block_sparse=True, key_value_seq_lengths=True, gqa=True,
     dtypes=frozenset({"float32", "bfloat16", "float16"}), platforms=frozenset({"gpu"}),
     interpreted=frozenset({"cpu"}), refuses=refusals, auto_rank=0))

@@ -12,12 +12,19 @@ see key j when
 
   j < kv_lengths[b]  and  (not causal or j ≤ i)  and  (−left ≤ j − i ≤ right  or  i ∈ G  or  j ∈ G)
 
+(or, with a block-sparse pattern, its rule in place of the window and global tokens)
+
   static part (causal, window, global tokens G, the unpadded kv_len)
       → `PatternMask`, a splash `_ComputableMask`: splash derives from it which tiles are
         empty, full or partial (its `MaskInfo`, built once per pattern and shape and cached)
         and the kernel evaluates the same rule on the positions of a partial tile, so no
         [q_len, kv_len] array exists anywhere. G is kept as runs of consecutive positions
         (two comparisons per run). Without any static constraint: splash's `FullMask`.
+  a block-sparse pattern (Sparse Transformer's fixed / strided, BigBird; `block_sparse`)
+      → `SparseMask`, a plain splash `Mask` that splash reads tile by tile on the host: the
+        empty tiles are skipped, the full ones need no mask, and the distinct partial tiles
+        (a handful: the patterns repeat; for BigBird the tiles are max(128, gcd(512, B))
+        long, so they hold whole blocks) are kept for the kernel: O(n) in all.
   key lengths (per batch element, traced)
       → segment ids: every query has id 0, key j has id 0 if j < kv_lengths[b] else 1.
   heads
@@ -41,10 +48,13 @@ Limits: no bias and no arbitrary mask (registered mask=False, bias=False); float
 bfloat16; head dims that are multiples of 64 (64, 128, 192, 256 are what splash's own TPU
 tests cover); TPU v4 or newer. Building `MaskInfo` evaluates the pattern tile by tile on the
 host: at L = 32768 with 512-tiles, about 1 s for a causal window and a few seconds with
-scattered global tokens, once per pattern and shape (`functools.lru_cache`).
+scattered global tokens, once per pattern and shape (`functools.lru_cache`); at L = 16384
+about 1.5 s for BigBird (B = 64, tiles of 128) or the fixed pattern, 10 s for the strided
+one (every tile within causality is partial and evaluated).
 """
 
 import functools
+import math
 import operator
 
 import jax
@@ -98,7 +108,7 @@ class PatternMask(splash_attention_mask._ComputableMask):
     flags = {}
     if self.global_runs:
       flags = dict(global_queries=self._is_global(q), global_keys=self._is_global(k))
-    conditions = [self.rule.pattern_visible(k - q, **flags)]
+    conditions = [self.rule.pattern_visible(q, k, **flags)]
     conditions = [] if conditions[0] is None else conditions
     if self.kv_len < self.shape[1]:
       conditions.append(k < self.kv_len)
@@ -144,9 +154,44 @@ class PatternMask(splash_attention_mask._ComputableMask):
     return hash((PatternMask, self.pattern))
 
 
+class SparseMask(splash_attention_mask.Mask):
+  """A block-sparse pattern within causality on the padded [q_len, kv_len] grid, keys past
+  kv_len masked: a mask splash reads tile by tile on the host (`__getitem__`, NumPy),
+  keeping the distinct partially visible tiles (few: the patterns repeat) for the kernel.
+  """
+
+  def __init__(self, shape: tuple[int, int], rule: Visibility, kv_len: int):
+    self._shape, self.rule, self.kv_len = tuple(shape), rule._replace(kv_lengths=None), kv_len
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    return self._shape
+
+  def __getitem__(self, idx) -> np.ndarray:
+    (q0, q1, _), (k0, k1, _) = (s.indices(n) for s, n in zip(idx, self.shape))
+    keys = min(k1, self.kv_len)
+    tile = np.zeros((q1 - q0, k1 - k0), bool)
+    if keys <= k0:
+      return tile
+    some, every = self.rule.rectangles(q0, q1 - 1, k0, keys - 1)
+    if some:
+      rows, cols = np.arange(q0, q1)[:, None], np.arange(k0, keys)[None, :]
+      tile[:, :keys - k0] = True if every else self.rule.pattern_visible(rows, cols)
+    return tile
+
+  def __eq__(self, other):
+    return isinstance(other, SparseMask) and (self.shape, self.rule, self.kv_len) == (
+        other.shape, other.rule, other.kv_len)
+
+  def __hash__(self):
+    return hash((SparseMask, self.shape, self.rule, self.kv_len))
+
+
 def splash_mask(visibility: Visibility, padded: tuple[int, int],
                 kv_len: int) -> splash_attention_mask.Mask:
   """The static part of `visibility` on the padded [q_len, kv_len] grid (see module doc)."""
+  if visibility.sparsity is not None:
+    return SparseMask(padded, visibility, kv_len)
   if visibility.left is None and visibility.right is None and kv_len == padded[1]:
     return splash.FullMask(padded)  # global tokens add nothing to an unbounded window
   return PatternMask(padded, visibility, kv_len)
@@ -167,21 +212,27 @@ def _kernel(mask: splash_attention_mask.Mask, heads: int, block_q: int, block_kv
                                   head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
-def _tile(block_size: int | None, length: int) -> int:
+def _tile(block_size: int | None, length: int, nest: int | None) -> int:
   """The tile length along a sequence of `length`: the block, at most `length` rounded up
-  to a multiple of 128."""
+  to a multiple of 128; for a pattern of blocks of `nest` (BigBird's B), at most
+  max(128, gcd(block, B)), so that few tiles differ."""
   block = DEFAULT_BLOCK if block_size is None else block_size
   if block % LANES:
     raise ValueError(f"pallas_tpu: block_size must be a multiple of {LANES}, got {block}")
+  if nest:
+    block = max(LANES, math.gcd(block, nest))
   return min(block, -(-length // LANES) * LANES)
 
 
 def sees_a_key(visibility: Visibility, batch: int, q_len: int, kv_len: int) -> Array:
   """bool [batch, q_len]: query i sees at least one key under `visibility` (the window
   [i − left, i + right] meets [0, length), a global key lies below the length and within
-  causality, or i is global and length > 0)."""
+  causality, or i is global and length > 0; a block-sparse pattern's first key lies below
+  the length)."""
   lengths = (jnp.full((batch, 1), kv_len) if visibility.kv_lengths is None
              else jnp.minimum(visibility.kv_lengths, kv_len)[:, None])
+  if visibility.sparsity is not None:
+    return jnp.asarray(visibility.sparsity.first_keys(q_len, kv_len))[None, :] < lengths
   i = jnp.arange(q_len)[None, :]
   first = 0 if visibility.left is None else jnp.maximum(i - visibility.left, 0)
   last = lengths - 1 if visibility.right is None else jnp.minimum(i + visibility.right,
@@ -212,7 +263,8 @@ def pallas_tpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
   batch, q_len, heads, _ = q.shape
   kv_len = k.shape[1]
   dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
-  block_q, block_kv = _tile(block_size, q_len), _tile(block_size, kv_len)
+  nest = None if visibility.sparsity is None else visibility.sparsity.nest
+  block_q, block_kv = _tile(block_size, q_len, nest), _tile(block_size, kv_len, nest)
   padded = (-(-q_len // block_q) * block_q, -(-kv_len // block_kv) * block_kv)
   kernel = _kernel(splash_mask(visibility, padded, kv_len), heads, block_q, block_kv,
                    bool(interpret))
@@ -229,6 +281,8 @@ def pallas_tpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
                                   kv=key_ids.astype(jnp.int32)))
   out = jax.vmap(kernel)(*args)[:, :, :q_len].transpose(0, 2, 1, 3)
   beyond_keys = visibility.left is not None and q_len - 1 - visibility.left >= kv_len
+  if visibility.sparsity is not None:
+    beyond_keys = bool((visibility.sparsity.first_keys(q_len, kv_len) >= kv_len).any())
   if visibility.kv_lengths is not None or beyond_keys:
     out = jnp.where(sees_a_key(visibility, batch, q_len, kv_len)[:, :, None, None], out, 0)
   return out.astype(q.dtype)
@@ -243,6 +297,7 @@ def refusals(request: registry.Request) -> list[str]:
 
 registry.register(registry.Implementation(
     "pallas_tpu", pallas_tpu_attention, window="optional", global_tokens=True,
-    key_value_seq_lengths=True, gqa=True, dtypes=frozenset({"float32", "bfloat16"}),
+    block_sparse=True, key_value_seq_lengths=True, gqa=True,
+    dtypes=frozenset({"float32", "bfloat16"}),
     platforms=frozenset({"tpu"}), interpreted=frozenset({"cpu"}), refuses=refusals,
     auto_rank=0))
