@@ -31,6 +31,14 @@ pytestmark = pytest.mark.usefixtures("highest_precision")
 B, N, H, D, M = 2, 6, 2, 4, 16
 # One draw of many orthogonal features (one compilation); its aligned slices are draws of
 # fewer: the rows of W[a:a + m] (a a multiple of D) are orthogonal in blocks of D as well.
+def random_params(module, x):
+  """Parameters of the shapes `module.init` gives, drawn here (no compilation)."""
+  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
+  leaves, tree = jax.tree.flatten(shapes)
+  return {"params": jax.tree.unflatten(tree, [0.5 * normal(i + 30, s.shape)
+                                              for i, s in enumerate(leaves)])}
+
+
 @functools.cache
 def drawn_features():
   return np.asarray(orthogonal_random_features(jax.random.key(0), 2048 + 3, D))
@@ -106,7 +114,7 @@ def test_error_against_softmax_falls_with_features():
 def test_module_causal_padded_fixed_or_redrawn():
   x = normal(9, (B, N, 8))
   module = PerformerSelfAttention(num_heads=H, num_features=M, redraw=True)
-  params = jax.jit(module.init)(jax.random.key(0), x)
+  params = random_params(module, x)
   lengths = jnp.array([N, 4])
 
   @functools.partial(jax.jit, static_argnames=("is_causal", "train"))

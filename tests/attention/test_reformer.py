@@ -26,6 +26,14 @@ def normal(seed, shape):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
+def random_params(module, x):
+  """Parameters of the shapes `module.init` gives, drawn here (no compilation)."""
+  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
+  leaves, tree = jax.tree.flatten(shapes)
+  return {"params": jax.tree.unflatten(tree, [0.5 * normal(i + 30, s.shape)
+                                              for i, s in enumerate(leaves)])}
+
+
 def torch_lsh(qk, v, rotations, *, causal, lengths):
   """reformer-pytorch on [b, n, H, d], heads folded into the batch, drawing our rotations.
 
@@ -43,7 +51,7 @@ def torch_lsh(qk, v, rotations, *, causal, lengths):
   return out.numpy().reshape(B, H, N, -1).transpose(0, 2, 1, 3)
 
 
-@pytest.mark.parametrize("rounds,causal", [(1, False), (3, False), (2, True)])
+@pytest.mark.parametrize("rounds,causal", [(3, False), (2, True)])
 def test_lsh_attention_matches_reformer_pytorch(rounds, causal):
   qk, v = normal(0, (B, N, H, D)), normal(1, (B, N, H, D))
   rotations = lsh_rotations(jax.random.key(rounds), D, N // C, rounds)
@@ -87,14 +95,13 @@ def numpy_lsh(qk, v, rotations, *, causal, lengths):
   return out
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_padding_matches_the_algorithm_spelt_out(causal):
+def test_padding_matches_the_algorithm_spelt_out():
   qk, v = normal(4, (B, N, H, D)), normal(5, (B, N, H, D))
   rotations = np.asarray(lsh_rotations(jax.random.key(5), D, 4, 2))
   lengths = [N, 5]
-  out = jax.jit(functools.partial(lsh_attention, chunk_size=C, is_causal=causal))(
+  out = jax.jit(functools.partial(lsh_attention, chunk_size=C, is_causal=True))(
       qk, v, rotations, key_value_seq_lengths=jnp.array(lengths))
-  expected = numpy_lsh(qk, v, rotations, causal=causal, lengths=lengths)
+  expected = numpy_lsh(qk, v, rotations, causal=True, lengths=lengths)
   np.testing.assert_allclose(out[0], expected[0], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(out[1, :5], expected[1, :5], rtol=1e-5, atol=1e-5)
 
@@ -102,7 +109,7 @@ def test_padding_matches_the_algorithm_spelt_out(causal):
 def test_module_causal_padding_and_rotations():
   x = normal(2, (B, 7, 8))                                 # padded to 8 inside
   module = LSHSelfAttention(num_heads=H, chunk_size=C, num_hashes=2, redraw=True)
-  params = jax.jit(module.init)(jax.random.key(0), x)
+  params = random_params(module, x)
 
   @functools.partial(jax.jit, static_argnames=("is_causal", "train"))
   def apply(x, rng, *, is_causal=False, train=False):
@@ -111,13 +118,15 @@ def test_module_causal_padding_and_rotations():
 
   # causal: no gradient from a position to later inputs (which earlier keys share a
   # chunk does depend on later hashes, a discrete choice without gradient)
-  probe = normal(3, (B, 7, 8))
-  grads = jax.jit(jax.grad(lambda x: jnp.sum(apply(x, jax.random.key(0), is_causal=True)[:, :4]
-                                             * probe[:, :4])))(x)
+  @jax.jit
+  def causal_and_gradient(x, rng):                     # d Σ_{t<4} probe_t·out_t / d x
+    out, pullback = jax.vjp(lambda x: apply(x, rng, is_causal=True), x)
+    return out, pullback(jnp.zeros_like(out).at[:, :4].set(normal(3, (B, 4, 8))))[0]
+
+  base, grads = causal_and_gradient(x, jax.random.key(0))
   np.testing.assert_array_equal(grads[:, 4:], 0.0)
   assert np.abs(grads[:, :4]).min() > 0
-  base = apply(x, jax.random.key(0), is_causal=True)
-  np.testing.assert_array_equal(apply(x, jax.random.key(1), is_causal=True), base)  # fixed
+  np.testing.assert_array_equal(causal_and_gradient(x, jax.random.key(1))[0], base)   # fixed
   padded = x.copy()
   padded[1, 4:] = 30.0
   trained = apply(x, jax.random.key(1), train=True)
