@@ -38,6 +38,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from research.attention.self_attention import (
   check_positive,
@@ -105,7 +106,8 @@ def lsh_attention(qk: Array, v: Array, rotations: Array, *, chunk_size: int,
   order = jnp.argsort(rank.reshape(b, h, rounds * n), axis=-1)               # [b, H, L]
   position = order % n
   q = jnp.moveaxis(qk, 1, 2).astype(jnp.float32)                             # [b, H, n, d]
-  keys = q / jnp.maximum(jnp.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
+  # k̂ = q / ‖q‖, and 0 for q = 0 (a padded position's), with a finite gradient there
+  keys = q * lax.rsqrt(jnp.maximum(jnp.sum(q * q, axis=-1, keepdims=True), 1e-24))
   values = jnp.moveaxis(v, 1, 2).astype(jnp.float32)
 
   # Chunks of c occurrences; each sees itself and the chunk before (cyclically)

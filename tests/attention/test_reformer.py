@@ -106,6 +106,13 @@ def test_padding_matches_the_algorithm_spelt_out():
   np.testing.assert_allclose(out[1, :5], expected[1, :5], rtol=1e-5, atol=1e-5)
 
 
+def test_zero_query_has_a_finite_gradient():
+  qk = np.concatenate([normal(6, (1, 5, 1, D)), np.zeros((1, 3, 1, D), np.float32)], axis=1)
+  loss = lambda qk: jnp.sum(lsh_attention(qk, qk, lsh_rotations(jax.random.key(0), D, 4, 1),
+                                          chunk_size=C, key_value_seq_lengths=jnp.array([5])) ** 2)
+  assert np.all(np.isfinite(jax.jit(jax.grad(loss))(qk)))
+
+
 def test_module_causal_padding_and_rotations():
   x = normal(2, (B, 7, 8))                                 # padded to 8 inside
   module = LSHSelfAttention(num_heads=H, chunk_size=C, num_hashes=2, redraw=True)
