@@ -103,7 +103,8 @@ def sinkhorn_attention(q: Array, k: Array, v: Array, sort_kernel: Array, sort_bi
   if n % block_size:
     raise ValueError(f"length {n} must be a multiple of block_size ({block_size})")
   blocks = n // block_size
-  if sort_kernel.shape[:2] != (h, d) or sort_kernel.ndim != 3 or sort_bias.shape != (h, sort_kernel.shape[2]):
+  if (sort_kernel.ndim != 3 or sort_kernel.shape[:2] != (h, d)
+      or sort_bias.shape != (h, sort_kernel.shape[2])):
     raise ValueError(f"sort_kernel must be [H, d, N_max] = [{h}, {d}, N_max] and sort_bias "
                      f"[H, N_max]; got {sort_kernel.shape} and {sort_bias.shape}")
   if blocks > sort_kernel.shape[2]:

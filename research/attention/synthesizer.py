@@ -40,7 +40,8 @@ def dense_synthesizer_logits(q: Array, kernel: Array, bias: Array, kv_len: int |
   kv_len ≤ ℓ (default n). Returns float32 [b, H, n, kv_len].
   """
   kv_len = q.shape[1] if kv_len is None else kv_len
-  if kernel.ndim != 3 or kernel.shape[:2] != q.shape[2:] or bias.shape != (q.shape[2], kernel.shape[2]):
+  if (kernel.ndim != 3 or kernel.shape[:2] != q.shape[2:]
+      or bias.shape != (q.shape[2], kernel.shape[2])):
     raise ValueError(f"kernel must be [H, d, max_len] = [{q.shape[2]}, {q.shape[3]}, ℓ] and bias "
                      f"[H, ℓ]; got {kernel.shape} and {bias.shape}")
   if kv_len > kernel.shape[2]:
@@ -78,7 +79,8 @@ def synthesizer_attention(logits: Array, v: Array, *, is_causal: bool = False,
     out [b, q_len, H, d_v] in v's dtype, or (out, weights) with return_weights.
   """
   b, kv_len, h, _ = v.shape
-  if logits.ndim != 4 or logits.shape[0] not in (1, b) or logits.shape[1] != h or logits.shape[3] != kv_len:
+  if (logits.ndim != 4 or logits.shape[0] not in (1, b) or logits.shape[1] != h
+      or logits.shape[3] != kv_len):
     raise ValueError(f"logits must be [batch|1, H, q_len, kv_len] = [{b}|1, {h}, q_len, {kv_len}], "
                      f"got {logits.shape}")
   q_len = logits.shape[2]

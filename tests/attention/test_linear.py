@@ -51,8 +51,9 @@ def quadratic(q, k, v, *, causal, lengths):
 def test_linear_attention_equals_quadratic_form(causal, form, chunk):
   q, k, v = normal(0, (B, N, H, D)), normal(1, (B, N, H, D)), normal(2, (B, N, H, 4))
   lengths = [N, 4]
-  out = jax.jit(functools.partial(linear_attention, is_causal=causal, causal_form=form,
-                                  chunk_size=chunk))(q, k, v, key_value_seq_lengths=jnp.array(lengths))
+  attend = functools.partial(linear_attention, is_causal=causal, causal_form=form,
+                             chunk_size=chunk)
+  out = jax.jit(attend)(q, k, v, key_value_seq_lengths=jnp.array(lengths))
   np.testing.assert_allclose(out, quadratic(q, k, v, causal=causal, lengths=lengths),
                              rtol=1e-5, atol=1e-5)
 

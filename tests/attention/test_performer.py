@@ -2,7 +2,8 @@
 and against its feature map written here in NumPy where that port has no equivalent
 (padding keys):
 
-  φ(x) = exp(W x̂ − ‖x̂‖²/2) / √m,  x̂ = x / d^{1/4},   out_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)
+  φ(x) = exp(W x̂ − ‖x̂‖²/2) / √m,  x̂ = x / d^{1/4}
+  out_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)
 
 Also: the random features are orthogonal N(0, I) rows, and the error against exact
 softmax attention falls as the number of features grows.
@@ -29,8 +30,12 @@ performer_pytorch = pytest.importorskip("performer_pytorch.performer_pytorch")
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 B, N, H, D, M = 2, 6, 2, 4, 16
-# One draw of many orthogonal features (one compilation); its aligned slices are draws of
-# fewer: the rows of W[a:a + m] (a a multiple of D) are orthogonal in blocks of D as well.
+
+
+def normal(seed, shape, scale=1.0):
+  return scale * np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
 def random_params(module, x):
   """Parameters of the shapes `module.init` gives, drawn here (no compilation)."""
   shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
@@ -41,11 +46,9 @@ def random_params(module, x):
 
 @functools.cache
 def drawn_features():
+  """One draw of many orthogonal features (one compilation). Its slices W[a:a + m], a a
+  multiple of D, are draws of m features: their rows are orthogonal in blocks of D too."""
   return np.asarray(orthogonal_random_features(jax.random.key(0), 2048 + 3, D))
-
-
-def normal(seed, shape, scale=1.0):
-  return scale * np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def torch_favor(q, k, v, w, causal):
@@ -106,7 +109,8 @@ def test_error_against_softmax_falls_with_features():
       return jnp.sqrt(jnp.mean((favor_attention(q, k, v, w) - exact) ** 2))
     return jnp.stack([jnp.mean(jax.vmap(error)(w[:, :m])) for m in sizes])
 
-  errors = list(np.asarray(mean_errors(drawn_features()[:draws * sizes[-1]].reshape(draws, sizes[-1], D))))
+  features = drawn_features()[:draws * sizes[-1]].reshape(draws, sizes[-1], D)
+  errors = list(np.asarray(mean_errors(features)))
   assert errors == sorted(errors, reverse=True), errors
   assert errors[-1] < errors[0] / 2, errors
 
@@ -136,8 +140,8 @@ def test_module_causal_padded_fixed_or_redrawn():
   # padding keys never reach a real position
   padded = x.copy()
   padded[1, 4:] = 50.0
-  np.testing.assert_allclose(apply(padded, jax.random.key(1), train=True)[1, :4], drawn[0][1, :4], rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(apply(padded, jax.random.key(1), train=True)[1, :4],
+                             drawn[0][1, :4], rtol=1e-5, atol=1e-5)
 
 
 def test_each_layer_draws_its_own_fixed_projection():

@@ -91,7 +91,8 @@ def numpy_lsh(qk, v, rotations, *, causal, lengths):
       for t in range(N):
         found = [per_round[t, r] for r in range(rounds) if (t, r) in per_round]
         z = np.array([lse for _, lse in found])
-        out[b, t, h] = sum(np.exp(lse - z.max()) * o for o, lse in found) / np.exp(z - z.max()).sum()
+        weights = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        out[b, t, h] = sum(w * o for w, (o, _) in zip(weights, found))
   return out
 
 
