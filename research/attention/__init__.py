@@ -79,8 +79,8 @@ from research.attention.sinkhorn import (
 from research.attention.synthesizer import (
                                            SynthesizerSelfAttention,
                                            dense_synthesizer_logits,
-                                           random_synthesizer_logits,
                                            synthesizer_attention,
+                                           synthesizer_attention_in_blocks,
 )
 from research.attention.torch_import import from_torch
 
@@ -95,8 +95,8 @@ __all__ = [
     "get_implementation", "global_tokens_mask", "gumbel_softmax", "hard_attention",
     "implementation_names", "kernelized_attention", "linear_attention", "linformer_attention",
     "local_attention_weights", "location_score", "lsh_attention", "lsh_rotations", "make_score",
-    "nadaraya_watson", "orthogonal_random_features", "padding_mask", "random_synthesizer_logits",
-    "register_implementation", "registered_implementations", "reinforce_surrogate",
-    "scaled_dot_score", "sinkhorn_attention", "sinkhorn_normalize", "supporting_implementations",
-    "synthesizer_attention", "update_moving_average_baseline", "window_mask",
+    "nadaraya_watson", "orthogonal_random_features", "padding_mask", "register_implementation",
+    "registered_implementations", "reinforce_surrogate", "scaled_dot_score", "sinkhorn_attention",
+    "sinkhorn_normalize", "supporting_implementations", "synthesizer_attention",
+    "synthesizer_attention_in_blocks", "update_moving_average_baseline", "window_mask",
 ]

@@ -10,17 +10,20 @@ transformer models"): the weights are synthesised without query-key dot products
 
 with ℓ the longest length (max_len): an input of length n uses the first n rows and
 columns. Causal attention and padding keys mask the synthesised logits as they would
-q·k logits; a query with no visible key returns zeros.
+q·k logits; a query with no visible key returns zeros. The weights are n × n, as in full
+attention; `synthesizer_attention_in_blocks` makes them a block of queries at a time and
+again in the backward pass, for memory O(block · n) instead of O(n²).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from research.attention.dense import masked_softmax, weighted_values
-from research.attention.masks import causal_mask
 from research.attention.self_attention import (
   check_positive,
   key_validity,
@@ -51,28 +54,18 @@ def dense_synthesizer_logits(q: Array, kernel: Array, bias: Array, kv_len: int |
   return logits + bias[None, :, None, :kv_len].astype(jnp.float32)
 
 
-def random_synthesizer_logits(r: Array, q_len: int, kv_len: int | None = None) -> Array:
-  """B = r[:, :q_len, :kv_len] as float32 [1, H, q_len, kv_len]; r: [H, ℓ, ℓ]."""
-  kv_len = q_len if kv_len is None else kv_len
-  if r.ndim != 3 or r.shape[1] != r.shape[2]:
-    raise ValueError(f"r must be [H, max_len, max_len], got {r.shape}")
-  if max(q_len, kv_len) > r.shape[1]:
-    raise ValueError(f"length {max(q_len, kv_len)} exceeds max_len ({r.shape[1]}) of the "
-                     "synthesizer")
-  return r[None, :, :q_len, :kv_len].astype(jnp.float32)
-
-
 def synthesizer_attention(logits: Array, v: Array, *, is_causal: bool = False,
-                          key_value_seq_lengths: Array | None = None,
+                          key_value_seq_lengths: Array | None = None, q_start=0,
                           return_weights: bool = False):
   """softmax(logits, over the visible keys) v, per head.
 
   Args:
-    logits: [b|1, H, q_len, kv_len] synthesised logits (`dense_synthesizer_logits`,
-      `random_synthesizer_logits`).
+    logits: [b|1, H, q_len, kv_len] synthesised logits (`dense_synthesizer_logits`, or
+      R_h[:q_len, :kv_len] of the random synthesizer).
     v: [b, kv_len, H, d_v].
-    is_causal: query i sees keys j ≤ i.
+    is_causal: query i sees keys j ≤ q_start + i.
     key_value_seq_lengths: [b] ints; keys t ≥ length are padding.
+    q_start: position of the first query (an int or a traced scalar).
     return_weights: also return the weights [b, H, q_len, kv_len].
 
   Returns:
@@ -86,10 +79,42 @@ def synthesizer_attention(logits: Array, v: Array, *, is_causal: bool = False,
   q_len = logits.shape[2]
   visible = key_validity(b, kv_len, key_value_seq_lengths)[:, None, None, :]
   if is_causal:
-    visible = visible & causal_mask(q_len, kv_len)
+    visible = visible & (jnp.arange(kv_len) <= q_start + jnp.arange(q_len)[:, None])
   weights = masked_softmax(jnp.broadcast_to(logits, (b, h, q_len, kv_len)), visible)
   out = weighted_values(weights, v).astype(v.dtype)
   return (out, weights) if return_weights else out
+
+
+def synthesizer_attention_in_blocks(rows: Array, to_logits: Callable[[Array], Array], v: Array,
+                                    *, block_size: int, is_causal: bool = False,
+                                    key_value_seq_lengths: Array | None = None) -> Array:
+  """`synthesizer_attention` a block of queries at a time, memory O(block_size · kv_len).
+
+  Args:
+    rows: what the logits are made of, its axis 1 running over the q_len queries (q
+      [b, q_len, H, d] of the dense synthesizer, R [H, q_len, kv_len] of the random one).
+    to_logits: a block of rows (block_size along axis 1) -> its logits
+      [b|1, H, block_size, kv_len]; recomputed in the backward pass.
+    v: [b, kv_len, H, d_v].
+    block_size: queries per block (q_len need not be a multiple).
+    is_causal, key_value_seq_lengths: as in `synthesizer_attention`.
+
+  Returns:
+    [b, q_len, H, d_v] in v's dtype.
+  """
+  check_positive("block_size", block_size)
+  q_len = rows.shape[1]
+  rows = jnp.pad(rows, [(0, 0), (0, -q_len % block_size)] + [(0, 0)] * (rows.ndim - 2))
+
+  @jax.checkpoint
+  def block(start):
+    logits = to_logits(lax.dynamic_slice_in_dim(rows, start, block_size, axis=1))
+    return synthesizer_attention(logits, v, is_causal=is_causal, q_start=start,
+                                 key_value_seq_lengths=key_value_seq_lengths)
+
+  out = lax.map(block, jnp.arange(0, rows.shape[1], block_size))    # [blocks, b, c, H, d_v]
+  b, _, h, d_v = v.shape
+  return jnp.moveaxis(out, 0, 1).reshape(b, -1, h, d_v)[:, :q_len]
 
 
 class SynthesizerSelfAttention(nn.Module):
@@ -101,13 +126,16 @@ class SynthesizerSelfAttention(nn.Module):
     random: random R [H, max_len, max_len], or with rank k random_left A and
             random_right C [H, max_len, k] (R = A Cᵀ).
   `__call__(x [b, n, D], *, is_causal=False, key_value_seq_lengths=None, train=False)`
-  -> [b, n, D], n ≤ max_len; the weights [b, H, n, n] are sown as
-  intermediates/attention_weights. train changes nothing.
+  -> [b, n, D], n ≤ max_len. With query_block=None the weights [b, H, n, n] are
+  materialised and sown as intermediates/attention_weights; with query_block=c they are
+  made c queries at a time (`synthesizer_attention_in_blocks`), memory O(c·n).
+  train changes nothing.
   """
   num_heads: int                   # H
   max_len: int                     # ℓ: longest input
   mode: str = "dense"              # "dense" or "random"
   rank: int | None = None          # random mode: k of the factorised R = A Cᵀ (None: full R)
+  query_block: int | None = None   # queries per block (None: all at once, weights sown)
   qkv_features: int | None = None  # H · d (default: D)
   dtype: Any = None                # computation dtype of the projections
   param_dtype: Any = jnp.float32   # parameter dtype
@@ -119,35 +147,40 @@ class SynthesizerSelfAttention(nn.Module):
     if self.mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
     check_positive("max_len", self.max_len)
-    if self.rank is not None:
-      check_positive("rank", self.rank)
+    for name in ("rank", "query_block"):
+      if getattr(self, name) is not None:
+        check_positive(name, getattr(self, name))
     n = x.shape[1]
     if n > self.max_len:
       raise ValueError(f"input length {n} exceeds max_len ({self.max_len}) of the synthesizer")
     init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+    # rows: what a query's logits are made of (axis 1); to_logits: rows -> [b|1, H, rows, n]
     if self.mode == "dense":
-      q, v = project_heads(x, ("query", "value"), self.num_heads, self.qkv_features, self.dtype,
-                           self.param_dtype)
-      head_dim = q.shape[-1]
-      kernel = self.param("synthesizer_kernel", init, (self.num_heads, head_dim, self.max_len),
-                          self.param_dtype)
+      rows, v = project_heads(x, ("query", "value"), self.num_heads, self.qkv_features,
+                              self.dtype, self.param_dtype)
+      kernel = self.param("synthesizer_kernel", init,
+                          (self.num_heads, rows.shape[-1], self.max_len), self.param_dtype)
       bias = self.param("synthesizer_bias", nn.initializers.zeros_init(),
                         (self.num_heads, self.max_len), self.param_dtype)
-      logits = dense_synthesizer_logits(q, kernel, bias)
+      to_logits = lambda rows: dense_synthesizer_logits(rows, kernel, bias, n)
     else:
       (v,) = project_heads(x, ("value",), self.num_heads, self.qkv_features, self.dtype,
                            self.param_dtype)
       if self.rank is None:
-        r = self.param("random", init, (self.num_heads, self.max_len, self.max_len),
-                       self.param_dtype)[:, :n, :n]
+        rows = self.param("random", init, (self.num_heads, self.max_len, self.max_len),
+                          self.param_dtype)[:, :n, :n]
+        to_logits = lambda rows: rows[None].astype(jnp.float32)
       else:
         shape = (self.num_heads, self.max_len, self.rank)
-        left, right = (self.param(name, init, shape, self.param_dtype)[:, :n]
+        rows, right = (self.param(name, init, shape, self.param_dtype)[:, :n]
                        for name in ("random_left", "random_right"))
-        r = jnp.einsum("hik,hjk->hij", left, right)
-      logits = random_synthesizer_logits(r, n)
-    out, weights = synthesizer_attention(logits, v, is_causal=is_causal,
-                                         key_value_seq_lengths=key_value_seq_lengths,
-                                         return_weights=True)
-    self.sow("intermediates", "attention_weights", weights)
+        to_logits = lambda rows: jnp.einsum("hik,hjk->hij", rows, right,
+                                            preferred_element_type=jnp.float32)[None]
+    pattern = dict(is_causal=is_causal, key_value_seq_lengths=key_value_seq_lengths)
+    if self.query_block is None:
+      out, weights = synthesizer_attention(to_logits(rows), v, return_weights=True, **pattern)
+      self.sow("intermediates", "attention_weights", weights)
+    else:
+      out = synthesizer_attention_in_blocks(rows, to_logits, v, block_size=self.query_block,
+                                            **pattern)
     return merge_heads(out, x.shape[-1], self.dtype, self.param_dtype)

@@ -69,6 +69,10 @@ def test_module_matches_the_papers_equations(mode, rank, causal):
                                         causal=causal, lengths=lengths)
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(state["intermediates"]["attention_weights"][0], weights, atol=1e-6)
+  blocked = module.clone(query_block=2)            # 3 blocks of 2 queries for 5
+  out = jax.jit(lambda p, x: blocked.apply(
+      {"params": p}, x, is_causal=causal, key_value_seq_lengths=jnp.array(lengths)))(params, x)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_no_visible_key_gives_zeros():
@@ -84,6 +88,8 @@ def test_bad_arguments_name_the_allowed_values():
     SynthesizerSelfAttention(num_heads=H, max_len=8, mode="mixture").init(jax.random.key(0), x)
   with pytest.raises(ValueError, match=r"input length 4 exceeds max_len \(3\)"):
     SynthesizerSelfAttention(num_heads=H, max_len=3).init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match="query_block must be a positive int"):
+    SynthesizerSelfAttention(num_heads=H, max_len=8, query_block=0).init(jax.random.key(0), x)
   with pytest.raises(ValueError, match="rank must be a positive int"):
     SynthesizerSelfAttention(num_heads=H, max_len=8, mode="random", rank=0).init(
         jax.random.key(0), x)
