@@ -130,7 +130,7 @@ def lsh_attention(qk: Array, v: Array, rotations: Array, *, chunk_size: int,
     visible = visible & (k_pos[:, :, :, None, :] <= q_pos[..., None])
   logits = jnp.where(q_pos[..., None] == k_pos[:, :, :, None, :], SELF_LOGIT, logits)
   logits = jnp.where(visible, logits, jnp.finfo(jnp.float32).min)
-  # Normalised by the sum itself: at |logit| ~ 10⁵ a float32 log-sum-exp is off by 10⁻²
+  # Normalised by the sum itself: near −10⁵ (the self logit) float32 is only good to 8·10⁻³
   top = jnp.max(logits, axis=-1, keepdims=True)
   weights = jnp.exp(logits - top)
   total = jnp.sum(weights, axis=-1)                                          # [b, H, C, c]

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+from performer_pytorch import performer_pytorch
 
 from research.attention.performer import (
   PerformerSelfAttention,
@@ -23,9 +25,6 @@ from research.attention.performer import (
   orthogonal_random_features,
 )
 from research.attention.self_attention import module_key
-
-torch = pytest.importorskip("torch")
-performer_pytorch = pytest.importorskip("performer_pytorch.performer_pytorch")
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 

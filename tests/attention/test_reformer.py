@@ -11,11 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reformer_pytorch
+import torch
 
 from research.attention.reformer import LSHSelfAttention, lsh_attention, lsh_rotations
-
-torch = pytest.importorskip("torch")
-reformer_pytorch = pytest.importorskip("reformer_pytorch")
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
