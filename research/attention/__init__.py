@@ -8,6 +8,11 @@ Gumbel straight-through (`hard.py`), Linformer and memory-compressed attention
 (`compressed.py`). Block-sparse patterns for `sparsity=`: Sparse Transformer's fixed and
 strided, BigBird (`block_sparse.py`). Modules: `MultiHeadAttention` (with KV cache),
 `NadarayaWatson`.
+Efficient attentions of Long Range Arena, each a function and a self-attention module
+(`__call__(x, *, is_causal, key_value_seq_lengths, train)`): Linear Transformer
+(`linear.py`), Performer's FAVOR+ (`performer.py`), Dense / Random Synthesizer
+(`synthesizer.py`), Sparse Sinkhorn attention (`sinkhorn.py`), Reformer's LSH attention
+(`reformer.py`).
 `from_torch(torch.nn.MultiheadAttention)` imports torch weights.
 """
 
@@ -28,6 +33,7 @@ from research.attention.hard import (
                                            update_moving_average_baseline,
 )
 from research.attention.nadaraya_watson import SMOOTHING_KERNELS, NadarayaWatson, nadaraya_watson
+from research.attention.linear import LinearSelfAttention, kernelized_attention, linear_attention
 from research.attention.local import LocalAttention, local_attention_weights
 from research.attention.masks import (
                                            Visibility,
@@ -37,6 +43,12 @@ from research.attention.masks import (
                                            window_mask,
 )
 from research.attention.multi_head import MultiHeadAttention
+from research.attention.performer import (
+                                           PerformerSelfAttention,
+                                           favor_attention,
+                                           orthogonal_random_features,
+)
+from research.attention.reformer import LSHSelfAttention, lsh_attention, lsh_rotations
 from research.attention.registry import Implementation
 from research.attention.registry import Request as AttentionRequest
 from research.attention.registry import get as get_implementation
@@ -62,18 +74,33 @@ from research.attention.scores import (
                                            make_score,
                                            scaled_dot_score,
 )
+from research.attention.sinkhorn import (
+                                           SinkhornSelfAttention,
+                                           sinkhorn_attention,
+                                           sinkhorn_normalize,
+)
+from research.attention.synthesizer import (
+                                           SynthesizerSelfAttention,
+                                           dense_synthesizer_logits,
+                                           synthesizer_attention,
+                                           synthesizer_attention_in_blocks,
+)
 from research.attention.torch_import import from_torch
 
 __all__ = [
     "SMOOTHING_KERNELS", "SCORE_FUNCTIONS", "AdditiveScore", "AttentionRequest", "ConcatScore", "DotScore",
-    "GeneralScore", "HardAttention", "Implementation", "LinformerSelfAttention", "LocalAttention",
-    "LocationScore", "MemoryCompressedAttention", "MultiHeadAttention", "NadarayaWatson",
-    "ScaledDotScore", "Score", "Visibility", "additive_score", "attend", "baseline_loss",
-    "causal_mask", "choice_log_prob", "concat_score", "dot_product_attention", "dot_score",
-    "from_torch", "general_score", "get_implementation", "global_tokens_mask", "gumbel_softmax",
-    "hard_attention", "implementation_names", "linformer_attention", "local_attention_weights",
-    "location_score", "make_score", "nadaraya_watson", "padding_mask", "register_implementation",
-    "registered_implementations", "reinforce_surrogate", "scaled_dot_score", "supporting_implementations",
-    "update_moving_average_baseline", "window_mask",
+    "GeneralScore", "HardAttention", "Implementation", "LSHSelfAttention", "LinearSelfAttention",
+    "LinformerSelfAttention", "LocalAttention", "LocationScore", "MemoryCompressedAttention",
+    "MultiHeadAttention", "NadarayaWatson", "PerformerSelfAttention", "ScaledDotScore", "Score",
+    "SinkhornSelfAttention", "SynthesizerSelfAttention", "Visibility", "additive_score", "attend",
+    "baseline_loss", "causal_mask", "choice_log_prob", "concat_score", "dense_synthesizer_logits",
+    "dot_product_attention", "dot_score", "favor_attention", "from_torch", "general_score",
+    "get_implementation", "global_tokens_mask", "gumbel_softmax", "hard_attention",
+    "implementation_names", "kernelized_attention", "linear_attention", "linformer_attention",
+    "local_attention_weights", "location_score", "lsh_attention", "lsh_rotations", "make_score",
+    "nadaraya_watson", "orthogonal_random_features", "padding_mask", "register_implementation",
+    "registered_implementations", "reinforce_surrogate", "scaled_dot_score", "sinkhorn_attention",
+    "sinkhorn_normalize", "supporting_implementations", "synthesizer_attention",
+    "synthesizer_attention_in_blocks", "update_moving_average_baseline", "window_mask",
     "BigBird", "BlockSparse", "SparseFixed", "SparseStrided",
 ]
