@@ -46,7 +46,9 @@ from research.training.validation import (
 SPLITS = ("train", "val", "test")
 BUCKET_MULTIPLE = 64
 # Test accuracy (%) in LRA's Table 1 (Tay et al., ICLR 2021) for our attention variants.
-LRA_TABLE_1 = {"full": 36.37, "local": 15.82, "linformer": 35.70, "longformer": 35.63}
+LRA_TABLE_1 = {"full": 36.37, "local": 15.82, "sparse": 17.07, "longformer": 35.63,
+               "linformer": 35.70, "reformer": 37.27, "sinkhorn": 33.67, "synthesizer": 36.99,
+               "bigbird": 36.05, "linear": 16.13, "performer": 18.01}
 
 
 def validate(config) -> None:
@@ -58,6 +60,7 @@ def validate(config) -> None:
     check_choice(config, f"model.{key}", allowed)
   check_positive(config, "model.num_layers", "model.hidden_size", "model.num_heads",
                  "model.mlp_size", "model.window", "model.proj_len", "model.compression",
+                 "model.block_size", "model.num_features", "model.num_hashes",
                  "data.max_length", "data.length_buckets", "data.train_examples",
                  "data.eval_examples", "data.test_examples")
   check_positive(config, "model.dropout_rate", "data.min_tree_length", allow_zero=True)

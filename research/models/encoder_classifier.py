@@ -41,11 +41,15 @@ class EncoderClassifier(nn.Module):
   window: int = 64                  # local / longformer half-width
   proj_len: int = 256               # linformer's projected length k
   compression: int = 4              # memory_compressed's c
+  block_size: int = 64              # sparse / bigbird / sinkhorn block, reformer's chunk
+  num_features: int = 256           # performer's random features per head
+  num_hashes: int = 2               # reformer's hash rounds
   positions: str = "learned"        # "learned" or "sinusoidal"
   norm: str = "post"                # "post" (LRA) or "pre"
   pooling: str = "cls"              # "cls" or "mean"
   dropout_rate: float = 0.1
-  implementation: str = "auto"      # research.attention implementation of full / local / longformer
+  implementation: str = "auto"      # research.attention implementation of full / local /
+                                    # longformer / sparse / bigbird
   dtype: Any = "float32"            # dtype of the matrix products
 
   def check(self):
@@ -70,12 +74,13 @@ class EncoderClassifier(nn.Module):
       table = sinusoidal_positions(max_length, self.hidden_size)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(
         x + table[:x.shape[1]].astype(x.dtype))
-    attention = self_attention(self.attention, num_heads=self.num_heads,
-                               features=self.hidden_size, window=self.window,
-                               max_length=max_length, proj_len=self.proj_len,
-                               compression=self.compression,
-                               implementation=self.implementation, dtype=dtype)
     for layer in range(self.num_layers):
+      attention = self_attention(self.attention, num_heads=self.num_heads,
+                                 features=self.hidden_size, window=self.window,
+                                 max_length=max_length, proj_len=self.proj_len,
+                                 compression=self.compression, block_size=self.block_size,
+                                 num_features=self.num_features, num_hashes=self.num_hashes,
+                                 layer=layer, implementation=self.implementation, dtype=dtype)
       x = TransformerBlock(attention, self.mlp_size, norm=self.norm,
                            dropout_rate=self.dropout_rate,
                            activation_dropout_rate=self.dropout_rate, dtype=dtype,

@@ -57,8 +57,8 @@ def test_the_lra_preset_is_lras_transformer_base_and_its_data():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"model.attention": "sparse"}, "model.attention='sparse' is not allowed; choose one of: "
-                                    "'full', 'local', 'longformer'"),
+    ({"model.attention": "routing"}, "model.attention='routing' is not allowed; choose one of: "
+                                     "'full', 'local', 'longformer', 'sparse'"),
     ({"model.pooling": "max"}, "model.pooling='max' is not allowed; choose one of: 'cls', 'mean'"),
     ({"model.num_heads": 3}, "model.num_heads=3 must divide config.model.hidden_size=16"),
     ({"data.min_tree_length": 149}, "min_tree_length=149 and max_tree_length=150 leave no length"),

@@ -13,7 +13,13 @@ from research.models.self_attention import ATTENTIONS
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 SMALL = dict(vocab_size=20, num_classes=10, max_length=24, num_layers=2, hidden_size=16,
-             num_heads=2, mlp_size=32, window=2, proj_len=8, compression=2, dropout_rate=0.0)
+             num_heads=2, mlp_size=32, window=2, proj_len=8, compression=2, block_size=4,
+             num_features=16, dropout_rate=0.0)
+
+
+# Sinkhorn sorts the padded length's blocks and Reformer hashes into (padded length / chunk)
+# buckets, as in their papers: the amount of padding changes their outputs, its content not.
+PADDED_LENGTH_MATTERS = ("sinkhorn", "reformer")
 
 
 def _model(**overrides):
@@ -36,7 +42,8 @@ def test_padding_changes_nothing(attention, pooling, norm, positions):
   params = jax.jit(model.init)(jax.random.key(0), padded, lengths)
   apply = jax.jit(model.apply)
   expected = apply(params, padded, lengths)
-  np.testing.assert_allclose(apply(params, tokens, lengths), expected, atol=2e-5)
+  if attention not in PADDED_LENGTH_MATTERS:
+    np.testing.assert_allclose(apply(params, tokens, lengths), expected, atol=2e-5)
   np.testing.assert_allclose(apply(params, garbage, lengths), expected, atol=2e-5)
 
 
@@ -66,7 +73,7 @@ def test_bfloat16_products_give_float32_logits_close_to_float32():
   np.testing.assert_allclose(half, full, atol=0.1)
 
 
-@pytest.mark.parametrize("field,value", [("attention", "sparse"), ("positions", "rotary"),
+@pytest.mark.parametrize("field,value", [("attention", "routing"), ("positions", "rotary"),
                                          ("norm", "sandwich"), ("pooling", "max")])
 def test_bad_names_list_the_allowed_ones(field, value):
   tokens = _tokens(3, 1, 8)

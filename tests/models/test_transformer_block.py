@@ -83,7 +83,7 @@ def test_every_attention_is_a_block_and_ignores_padded_keys(name):
   x = np.random.default_rng(2).normal(size=(B, 8, F)).astype(np.float32)
   lengths = jnp.asarray([8, 5])
   attention = self_attention(name, num_heads=HEADS, features=F, window=2, max_length=8,
-                             proj_len=4, compression=2)
+                             proj_len=4, compression=2, block_size=2, num_features=8)
   block = TransformerBlock(attention, MLP, norm="post")
   params = block.init(jax.random.key(0), jnp.asarray(x), lengths)["params"]
   y = x.copy()
