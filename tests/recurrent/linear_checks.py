@@ -1,0 +1,81 @@
+"""Checks shared by the linear recurrences' tests (LRU, S5, LinearAttentionCell).
+
+Each takes `run(module, variables, x, **kwargs) -> (y, state)`, the module's whole-sequence
+call (compiled, module static: see `compiled`), so the same check covers layers
+(`module.apply(variables, x)`) and the cell (`method="sequence"`). Every expectation is the module's other form or the module on other
+inputs (no stored numbers): parallel against stepwise, a padded batch against each sequence
+run alone, outputs before a change against outputs after it.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FORWARD_TOL = 2e-5
+GRAD_TOL = 1e-4
+
+
+def compiled(fn):
+  """fn(module, ...) under `jax.jit` with the module static: one compilation per module and
+  shape (op by op, every small operation of a scan would be compiled on its own)."""
+  return jax.jit(fn, static_argnums=0)
+
+
+def randn(seed: int, *shape: int) -> np.ndarray:
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def loss_and_grads(run, module, variables, x, cotangent, **kwargs):
+  """<y, cotangent> + Σ Re(state) and its gradients with respect to (variables, x)."""
+  def loss(variables, x):
+    y, state = run(module, variables, x, **kwargs)
+    return jnp.vdot(y, cotangent) + jnp.sum(jnp.real(state))
+  return jax.value_and_grad(loss, argnums=(0, 1))(variables, x)
+
+
+def assert_parallel_equals_stepwise(run, module, variables, x, **kwargs):
+  """Outputs, final state and every gradient of the two forms agree."""
+  parallel, stepwise = module.clone(mode="parallel"), module.clone(mode="stepwise")
+  (y_p, h_p), (y_s, h_s) = run(parallel, variables, x, **kwargs), run(stepwise, variables, x, **kwargs)
+  np.testing.assert_allclose(y_p, y_s, rtol=FORWARD_TOL, atol=FORWARD_TOL)
+  np.testing.assert_allclose(h_p, h_s, rtol=FORWARD_TOL, atol=FORWARD_TOL)
+  cotangent = randn(7, *y_p.shape)
+  (_, g_p), (_, g_s) = (loss_and_grads(run, m, variables, x, cotangent, **kwargs)
+                        for m in (parallel, stepwise))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=GRAD_TOL, atol=GRAD_TOL), g_p, g_s)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(g_p))
+
+
+def assert_padding_is_each_sequence_alone(run, module, variables, x, lengths, state_batch_axis=0):
+  """With seq_lengths, each row equals that sequence run alone (no padding) on its valid
+  steps, its padded outputs are exactly zero and its final state is its own."""
+  y, state = run(module, variables, x, seq_lengths=jnp.asarray(lengths))
+  for b, length in enumerate(lengths):
+    y_alone, state_alone = run(module, variables, x[b:b + 1, :length])
+    np.testing.assert_allclose(y[b:b + 1, :length], y_alone, rtol=FORWARD_TOL, atol=FORWARD_TOL)
+    np.testing.assert_array_equal(y[b, length:], 0.0)
+    np.testing.assert_allclose(jnp.take(state, jnp.array([b]), axis=state_batch_axis), state_alone,
+                               rtol=FORWARD_TOL, atol=FORWARD_TOL)
+
+
+def assert_causal(run, module, variables, x, t0):
+  """Changing the inputs from step t0 on leaves every output before t0 unchanged, and
+  changes the output at t0."""
+  y, _ = run(module, variables, x)
+  changed = x.copy()
+  changed[:, t0:] += 1.0
+  y_changed, _ = run(module, variables, changed)
+  np.testing.assert_array_equal(y[:, :t0], y_changed[:, :t0])
+  assert np.abs(y[:, t0] - y_changed[:, t0]).min() > 0.0
+
+
+def assert_steps_equal_sequence(run, step, module, variables, x, state):
+  """Stepping one time step at a time from `state` gives the sequence's outputs and state."""
+  y, final = run(module, variables, x, initial_state=state)
+  for t in range(x.shape[1]):
+    state, y_t = step(module, variables, state, x[:, t])
+    np.testing.assert_allclose(y_t, y[:, t], rtol=FORWARD_TOL, atol=FORWARD_TOL)
+  np.testing.assert_allclose(state, final, rtol=FORWARD_TOL, atol=FORWARD_TOL)
