@@ -10,8 +10,9 @@ x [B, T, H] to y [B, T, H]:
 Bidirectional: a second state h'_t runs from the last step to the first with the same λ
 and B̄, and y_t = s · Re(C_fwd h_t + C_bwd h'_t) + D ⊙ x_t.
 
-`mode` picks how the recurrence runs over a sequence: "parallel" (`associative_scan`,
-depth log T) or "stepwise" (one step at a time); the two agree to rounding. `step` is one
+`mode` picks how the recurrence runs over a sequence: "parallel" (chunks of `chunk_size`
+steps side by side, joined by `associative_scan`: see `linear_scan.py`) or "stepwise" (one
+step at a time); the two agree to rounding. `step` is one
 time step with a carried state, for decoding and streams of any length.
 
 `seq_lengths` [B] (ints): steps t ≥ seq_lengths[b] are padding; their outputs are zero,
@@ -35,6 +36,10 @@ Array = jax.Array
 MODES = ("parallel", "stepwise")
 
 
+def _pair(z: Array) -> tuple[Array, Array]:
+  return jnp.real(z), jnp.imag(z)
+
+
 class System(NamedTuple):
   """The discrete system one call runs (see the module docstring)."""
   lam: Array      # [N] complex64, λ
@@ -47,6 +52,7 @@ class System(NamedTuple):
 class DiagonalSSM(nn.Module):
   """Shared body of `LRU` and `S5`; subclasses build the system from their parameters."""
   mode: str = "parallel"           # "parallel" (associative_scan) or "stepwise"
+  chunk_size: int = 64             # parallel form: steps per chunk (see `linear_scan`)
   bidirectional: bool = False      # add a reverse-time state (see the module docstring)
   dtype: Any = None                # computation dtype of the matrix products (None: float32)
   param_dtype: Any = jnp.float32   # parameter dtype
@@ -64,6 +70,8 @@ class DiagonalSSM(nn.Module):
     """Subclasses add their own checks; all run before anything is traced."""
     if self.mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+    if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+      raise ValueError(f"chunk_size must be a positive int, got {self.chunk_size!r}")
 
   @property
   def num_directions(self) -> int:
@@ -100,11 +108,12 @@ class DiagonalSSM(nn.Module):
     bx = self._input_product(x, s.b)
     y = s.d * x.astype(jnp.float32)
     last = []
-    for k in range(self.num_directions):
-      h, h_last = linear_scan(s.lam[None, None], bx, h0[k], valid=valid, reverse=k == 1,
-                              parallel=self.mode == "parallel")
+    for k in range(self.num_directions):   # complex values as (re, im) pairs: see linear_scan
+      h, h_last = linear_scan(_pair(s.lam), bx, _pair(h0[k]), lengths=seq_lengths,
+                              reverse=k == 1, parallel=self.mode == "parallel",
+                              chunk=self.chunk_size)
       y = y + s.scale * self._output_product(h, s.c[k])
-      last.append(h_last)
+      last.append(jax.lax.complex(*h_last))
     if valid is not None:
       y = jnp.where(valid[..., None], y, 0.0)
     state = jnp.stack(last) if self.bidirectional else last[0]
@@ -120,23 +129,23 @@ class DiagonalSSM(nn.Module):
       raise ValueError("step needs a unidirectional layer (bidirectional=False): the reverse "
                        "direction needs the whole sequence")
     s = self.system(x.shape[-1])
-    h = s.lam * state.astype(jnp.complex64) + self._input_product(x, s.b)
-    y = s.scale * self._output_product(h, s.c[0]) + s.d * x.astype(jnp.float32)
+    h = s.lam * state.astype(jnp.complex64) + jax.lax.complex(*self._input_product(x, s.b))
+    y = s.scale * self._output_product(_pair(h), s.c[0]) + s.d * x.astype(jnp.float32)
     return h, y.astype(self.dtype or jnp.float32)
 
-  def _input_product(self, x: Array, b: Array) -> Array:
-    """B̄ x [..., N] complex64, as two real products in `dtype`."""
+  def _input_product(self, x: Array, b: Array) -> tuple[Array, Array]:
+    """B̄ x [..., N] as (re, im) float32, two real products in `dtype`."""
     dtype = self.dtype or jnp.float32
     product = lambda w: jnp.einsum("...h,nh->...n", x.astype(dtype), w.astype(dtype),
                                    preferred_element_type=jnp.float32)
-    return jax.lax.complex(product(b.real), product(b.imag))
+    return product(b.real), product(b.imag)
 
-  def _output_product(self, h: Array, c: Array) -> Array:
-    """Re(C h) [..., H] float32 = C_re h_re − C_im h_im, in `dtype`."""
+  def _output_product(self, h: tuple[Array, Array], c: Array) -> Array:
+    """Re(C h) [..., H] float32 = C_re h_re − C_im h_im for h = (h_re, h_im), in `dtype`."""
     dtype = self.dtype or jnp.float32
     product = lambda v, w: jnp.einsum("...n,hn->...h", v.astype(dtype), w.astype(dtype),
                                       preferred_element_type=jnp.float32)
-    return product(h.real, c.real) - product(h.imag, c.imag)
+    return product(h[0], c.real) - product(h[1], c.imag)
 
   def _initial_state(self, initial_state: Array | None, batch: int) -> Array:
     """[directions, batch, N] complex64."""

@@ -20,7 +20,8 @@ so one linear recurrence (`linear_scan.py`) updates both: φ(k_t) [v_t; 1]ᵀ is
 
 `__call__(carry, x_t)` is one time step (the `flax.linen.RNNCellBase` contract, so the cell
 also runs under `nn.RNN`); `sequence(x)` runs a whole sequence, in parallel over time
-(`mode="parallel"`, `associative_scan`) or step by step (`"stepwise"`), the two equal;
+(`mode="parallel"`: chunks side by side joined by `associative_scan`, see `linear_scan.py`)
+or step by step (`"stepwise"`), the two equal;
 with `seq_lengths` a padded step outputs zeros and leaves the carry unchanged. The
 projections run in `dtype` with float32 accumulation; φ, the carry and the readout run in
 float32.
@@ -64,6 +65,7 @@ class LinearAttentionCell(nn.RNNCellBase):
   eps: float = 1e-6                         # ε
   use_bias: bool = True                     # biases b_q, b_k, b_v, b_o
   mode: str = "parallel"                    # sequence(): "parallel" or "stepwise"
+  chunk_size: int = 64                      # parallel form: steps per chunk (`linear_scan`)
   dtype: Any = None                         # computation dtype of the projections (None: float32)
   param_dtype: Any = jnp.float32            # parameter dtype
 
@@ -76,6 +78,8 @@ class LinearAttentionCell(nn.RNNCellBase):
       raise ValueError(f"feature_map must be one of {tuple(FEATURE_MAPS)}, got {self.feature_map!r}")
     if self.mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+    if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+      raise ValueError(f"chunk_size must be a positive int, got {self.chunk_size!r}")
     if self.decay is not None and (len(self.decay) != self.num_heads
                                    or not all(0.0 < g <= 1.0 for g in self.decay)):
       raise ValueError(f"decay must be None or num_heads={self.num_heads} values in (0, 1], "
@@ -159,10 +163,9 @@ class LinearAttentionCell(nn.RNNCellBase):
     valid = valid_mask(seq_lengths, batch, num_steps)
     phi_q, phi_k, v = self._phi_qkv(x, w)
     b = self._increment(phi_k, v)                                # [B, T, M, d, d + 1]
-    decay = self._decay()
-    a = None if decay is None else decay[None, None]
     h0 = None if initial_state is None else initial_state.astype(F32)
-    states, last = linear_scan(a, b, h0, valid=valid, parallel=self.mode == "parallel")
+    states, last = linear_scan(self._decay(), b, h0, lengths=seq_lengths,
+                               parallel=self.mode == "parallel", chunk=self.chunk_size)
     y = self._readout(states, phi_q, w)
     if valid is not None:
       y = jnp.where(valid[..., None], y, 0.0)

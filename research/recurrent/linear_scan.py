@@ -1,74 +1,200 @@
-"""The linear recurrence h_t = a_t ⊙ h_{t−1} + b_t over time, in parallel or step by step.
+"""The linear recurrence h_t = a ⊙ h_{t−1} + b_t over time, in parallel or step by step.
 
-Shared by `LRU`, `S5` and `LinearAttentionCell`. With x [batch, time, ...] layouts:
+Shared by `LRU`, `S5` and `LinearAttentionCell`, whose coefficient a does not change with
+time (LRU's λ, S5's Λ̄, a per-head decay):
 
-  b: [B, T, *state]          what each step adds (real or complex)
-  a: [B | 1, T | 1, *s]      what each step multiplies the state by; s broadcasts to state
-                             (e.g. LRU's λ [1, 1, N], a per-head decay [1, 1, heads, 1, 1]);
-                             None for a_t = 1 (a cumulative sum)
-  h0: [B, *state] or None    the state before the first step (zero when None)
+  b: [B, T, *state]      what each step adds
+  a: [*s] or None        s broadcasts to state (λ [N]; a decay [heads, 1, 1]); None: a = 1
+  h0: [B, *state]        the state before the first step (zero when None)
 
-`parallel=True` runs `jax.lax.associative_scan` over the pairs (a_t, b_t) with the
-associative operator (a, b) ∘ (a', b') = (a' a, a' b + b'): depth log T instead of T,
-which is what makes these recurrences fast on long sequences. h0 enters as
-b_0 ← b_0 + a_0 ⊙ h0. `parallel=False` runs the same recurrence one step at a time
-(`lax.scan`); the two agree to rounding.
+each a real array or, for complex values, a pair (re, im) of real arrays (a and b of the
+same kind): XLA's CPU backend multiplies complex numbers element by element far more
+slowly than reals, and splitting or joining complex arrays costs passes over memory.
 
-With `valid` [B, T] bool (False on padding past a sequence's end), a padded step keeps the
-state unchanged (a_t = 1, b_t = 0), so the final state is each sequence's own, and a
-reverse scan starts at each sequence's last valid step.
+`parallel=True` splits time into chunks of `chunk` steps: every chunk's states from a zero
+start are computed together (one step of all chunks at a time, `chunk` steps in all), each
+chunk's end state is carried into the next by `jax.lax.associative_scan` over the chunks
+with the operator (A, e) ∘ (A', e') = (A' A, A' e + e') on (a^chunk, end state), and
+h_t = local_t + a^(t − start + 1) ⊙ carried_in adds what came before. The depth is
+chunk + log(T / chunk) instead of T, and every operation is a vector over all chunks;
+`chunk=1` is `associative_scan` over every step. `parallel=False` runs one step at a time.
+Both agree to rounding.
+
+The backward pass is written out (custom VJP): the states' cotangent g (for a pair, the
+gradients of its real and imaginary parts, g = ∂L/∂h_re + i ∂L/∂h_im) obeys the same
+recurrence in the other direction, g_t = ā ⊙ g_{t+1} + ∂L/∂h_t (ā the complex conjugate),
+then ∂L/∂b_t = g_t and ∂L/∂a = Σ_t g_t ⊙ conj(h_{t−1}): one more scan of the same kind,
+parallel or stepwise as the forward was.
+
+`lengths` [B] ints: steps t ≥ lengths[b] are padding. Their b_t is ignored, `h_last` is the
+state after each sequence's own last step (h0 or zero for length 0) and a reverse scan
+starts at the sequence's last step. The states returned for padded steps are not
+meaningful (callers zero their outputs there).
 """
+
+import functools
+from typing import Union
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 Array = jax.Array
+Value = tuple[Array, ...]        # (x,) for a real array, (re, im) for a complex one
+Values = Union[Array, tuple[Array, Array]]   # the public form: a real array or (re, im)
 
 
-def _combine(earlier: tuple[Array, Array], later: tuple[Array, Array]) -> tuple[Array, Array]:
-  """(a, b) ∘ (a', b') = (a' a, a' b + b'): applying step (a, b) and then (a', b')."""
-  a, b = earlier
-  a_later, b_later = later
-  return a_later * a, a_later * b + b_later
+def _split(x: Array) -> Value:
+  return (jnp.real(x), jnp.imag(x)) if jnp.iscomplexobj(x) else (x,)
 
 
-def linear_scan(a: Array | None, b: Array, h0: Array | None = None, *,
-                valid: Array | None = None, reverse: bool = False,
-                parallel: bool = True) -> tuple[Array, Array]:
-  """All states h_t = a_t ⊙ h_{t−1} + b_t and the last one (see the module docstring).
+def _join(v: Value) -> Array:
+  return lax.complex(*v) if len(v) == 2 else v[0]
 
-  a=None means a_t = 1: the scan is then a cumulative sum (only additions).
 
-  Returns:
-    h: [B, T, *state], the state after each step (in b's dtype, or a's if wider);
-    h_last: [B, *state], the state after the last step in scan order (the first time step
-    when `reverse`).
-  """
-  batch, num_steps = b.shape[:2]
-  if a is not None:
-    if a.ndim != b.ndim:
-      raise ValueError(f"a must have b's rank {b.ndim} (size-1 axes broadcast), got shape {a.shape}")
-    a = jnp.broadcast_to(a, (batch, num_steps) + a.shape[2:])
-    b = b.astype(jnp.result_type(a, b))
-  if valid is not None:
-    keep = valid.reshape(valid.shape + (1,) * (b.ndim - 2))
-    a = None if a is None else jnp.where(keep, a, jnp.ones((), a.dtype))
-    b = jnp.where(keep, b, jnp.zeros((), b.dtype))
-  if h0 is not None:
-    first = -1 if reverse else 0
-    b = b.at[:, first].add(h0 if a is None else a[:, first] * h0)
-  if parallel:
-    h = (lax.associative_scan(jnp.add, b, reverse=reverse, axis=1) if a is None else
-         lax.associative_scan(_combine, (a, b), reverse=reverse, axis=1)[1])
+def _mul(a: Value | None, h: Value) -> Value:
+  """a ⊙ h, as complex numbers when the values are pairs; a = None is 1."""
+  if a is None:
+    return h
+  if len(a) == 1:
+    return (a[0] * h[0],)
+  (ar, ai), (hr, hi) = a, h
+  return ar * hr - ai * hi, ar * hi + ai * hr
+
+
+def _add(x: Value, y: Value) -> Value:
+  return tuple(p + q for p, q in zip(x, y))
+
+
+def _map(fn, v: Value) -> Value:
+  return tuple(fn(x) for x in v)
+
+
+def _power(a: Value | None, k: Array) -> Value | None:
+  """a^k [*k.shape, *a.shape] for integer exponents k ≥ 0 (small tables only)."""
+  if a is None:
+    return None
+  z = _join(a).astype(jnp.complex64 if len(a) == 2 else a[0].dtype)
+  k = k.reshape(k.shape + (1,) * z.ndim)
+  return _split(jnp.power(z, k.astype(z.dtype)) if len(a) == 1 else jnp.exp(k * jnp.log(z)))
+
+
+def _loop(a: Value | None, b: Value, reverse: bool, axis: int) -> Value:
+  """States from a zero start, one step at a time along `axis` of b (vectorised over the
+  other axes)."""
+  num_steps = b[0].shape[axis]
+  at = lambda x, t: lax.dynamic_index_in_dim(x, t, axis, keepdims=False)
+
+  def body(k, carry):
+    h, states = carry
+    t = num_steps - 1 - k if reverse else k
+    h = _add(_mul(a, h), _map(lambda x: at(x, t), b))
+    return h, tuple(lax.dynamic_update_index_in_dim(s, x, t, axis) for s, x in zip(states, h))
+
+  h = _map(lambda x: jnp.zeros(x.shape[:axis] + x.shape[axis + 1:], x.dtype), b)
+  return lax.fori_loop(0, num_steps, body, (h, _map(jnp.zeros_like, b)))[1]
+
+
+def _chunked(a: Value | None, b: Value, reverse: bool, chunk: int) -> Value:
+  """The parallel form (module docstring) over axis 1 of b [B, T, *state]."""
+  batch, num_steps = b[0].shape[:2]
+  size = min(chunk, num_steps)
+  chunks = -(-num_steps // size)
+  pad = ((0, 0), (0, chunks * size - num_steps)) + ((0, 0),) * (b[0].ndim - 2)
+  blocks = _map(lambda x: jnp.pad(x, pad).reshape((batch, chunks, size) + x.shape[2:]), b)
+  local = _loop(a, blocks, reverse, axis=2)                 # [B, chunks, size, *state]
+  ends = _map(lambda x: x[:, :, 0 if reverse else -1], local)
+  if a is None:
+    carried = _map(lambda x: lax.associative_scan(jnp.add, x, reverse=reverse, axis=1), ends)
   else:
-    if a is None:
-      step = lambda h, b_t: (h + b_t,) * 2
-      xs = jnp.moveaxis(b, 1, 0)
-    else:
-      step = lambda h, ab: (ab[0] * h + ab[1],) * 2
-      xs = (jnp.moveaxis(a, 1, 0), jnp.moveaxis(b, 1, 0))
-    state_shape = b.shape[2:] if a is None else jnp.broadcast_shapes(a.shape[2:], b.shape[2:])
-    _, h = lax.scan(step, jnp.zeros((batch,) + state_shape, b.dtype), xs, reverse=reverse)
-    h = jnp.moveaxis(h, 0, 1)
-  return h, h[:, 0] if reverse else h[:, -1]
+    a_chunk = _map(lambda x: jnp.broadcast_to(x, (1, chunks) + x.shape),
+                   _power(a, jnp.array(size)))
+
+    def combine(earlier, later):
+      return _mul(later[0], earlier[0]), _add(_mul(later[0], earlier[1]), later[1])
+
+    carried = lax.associative_scan(combine, (a_chunk, ends), reverse=reverse, axis=1)[1]
+  # what enters each chunk: the previous chunk's end state (the next one's when reverse)
+  into = _map(lambda x: jnp.roll(x, 1 if not reverse else -1, axis=1)
+              .at[:, -1 if reverse else 0].set(0), carried)
+  steps = jnp.arange(size, 0, -1) if reverse else jnp.arange(1, size + 1)
+  decay = _power(a, steps)                                  # a^(steps since the chunk began)
+  into = _map(lambda x: x[:, :, None], into)
+  h = _add(local, into if decay is None else _mul(_map(lambda x: x[None, None], decay), into))
+  return _map(lambda x: x.reshape((batch, chunks * size) + x.shape[3:])[:, :num_steps], h)
+
+
+def _run(a: Value | None, b: Value, reverse: bool, parallel: bool, chunk: int) -> Value:
+  return _chunked(a, b, reverse, chunk) if parallel else _loop(a, b, reverse, axis=1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _scan(a: Value | None, b: Value, reverse: bool, parallel: bool, chunk: int) -> Value:
+  return _run(a, b, reverse, parallel, chunk)
+
+
+def _scan_fwd(a, b, reverse, parallel, chunk):
+  h = _run(a, b, reverse, parallel, chunk)
+  return h, (a, h)
+
+
+def _conj(v: Value | None) -> Value | None:
+  return v if v is None or len(v) == 1 else (v[0], -v[1])
+
+
+def _scan_bwd(reverse, parallel, chunk, residuals, d_h):
+  a, h = residuals
+  g = _run(_conj(a), d_h, not reverse, parallel, chunk)
+  if a is None:
+    return None, g
+  # Σ_t g_t ⊙ conj(h_{t−1}) (h_{t+1} when reverse); the step without a predecessor adds nothing
+  later, earlier = (slice(None, -1), slice(1, None)) if reverse else (slice(1, None), slice(None, -1))
+  d_a = _mul(_map(lambda x: x[:, later], g), _conj(_map(lambda x: x[:, earlier], h)))
+  leading = d_a[0].ndim - a[0].ndim
+  summed = tuple(range(leading)) + tuple(
+      leading + i for i, n in enumerate(a[0].shape) if n == 1 and d_a[0].shape[leading + i] != 1)
+  return _map(lambda x: x.sum(summed).reshape(a[0].shape), d_a), g
+
+
+_scan.defvjp(_scan_fwd, _scan_bwd)
+
+
+def linear_scan(a: Values | None, b: Values, h0: Values | None = None, *,
+                lengths: Array | None = None, reverse: bool = False, parallel: bool = True,
+                chunk: int = 64) -> tuple[Values, Values]:
+  """All states h_t = a ⊙ h_{t−1} + b_t and the last one (see the module docstring).
+
+  Returns, in b's form (an array, or a pair (re, im)):
+    h: [B, T, *state], the state after each step;
+    h_last: [B, *state], the state after each sequence's last step in scan order (its
+    first time step when `reverse`).
+  """
+  pair = isinstance(b, tuple)
+  for name, x in (("a", a), ("b", b), ("h0", h0)):
+    if x is not None and isinstance(x, tuple) != pair or pair and x is not None and len(x) != 2:
+      raise ValueError(f"a, b and h0 must all be real arrays or all (re, im) pairs; {name} "
+                       f"is {'a tuple' if isinstance(x, tuple) else 'an array'}")
+  value = lambda x: None if x is None else (tuple(x) if pair else (x,))
+  a, b, h0 = value(a), value(b), value(h0)
+  if not isinstance(chunk, int) or chunk < 1:
+    raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+  batch, num_steps = b[0].shape[:2]
+  expand = lambda x: x.reshape(x.shape + (1,) * (b[0].ndim - 2))   # [B] or [B, T] against b
+  t = jnp.arange(num_steps)
+  if lengths is not None:
+    b = _map(lambda x: jnp.where(expand(t[None] < lengths[:, None]), x, 0.0), b)
+  if h0 is not None:   # enters at the first step in scan order, as a ⊙ h0
+    start = (lengths - 1 if lengths is not None else jnp.full((batch,), num_steps - 1)) \
+        if reverse else jnp.zeros((batch,), jnp.int32)
+    at_start = expand(t[None] == start[:, None])
+    b = _add(b, _map(lambda x: jnp.where(at_start, x[:, None], 0.0), _mul(a, h0)))
+  h = _scan(a, b, reverse, parallel, chunk)
+  if reverse or lengths is None:
+    h_last = _map(lambda x: x[:, 0] if reverse else x[:, -1], h)
+  else:
+    last = expand(jnp.maximum(lengths - 1, 0)[:, None])
+    h_last = _map(lambda x: jnp.take_along_axis(x, last, axis=1)[:, 0], h)
+  if lengths is not None:   # length 0: nothing ran
+    empty = expand(lengths == 0)
+    h_last = tuple(jnp.where(empty, 0.0 if h0 is None else h0[i], x) for i, x in enumerate(h_last))
+  return (h, h_last) if pair else (h[0], h_last[0])

@@ -37,11 +37,15 @@ def loss_and_grads(run, module, variables, x, cotangent, **kwargs):
 
 
 def assert_parallel_equals_stepwise(run, module, variables, x, **kwargs):
-  """Outputs, final state and every gradient of the two forms agree."""
+  """Outputs, final state and every gradient of the two forms agree: the parallel form with
+  module.chunk_size (chunks of a few steps, the last one padded: T = 6, chunk_size = 4) and,
+  for the outputs, with chunk_size = 1 (associative_scan over every step)."""
   parallel, stepwise = module.clone(mode="parallel"), module.clone(mode="stepwise")
-  (y_p, h_p), (y_s, h_s) = run(parallel, variables, x, **kwargs), run(stepwise, variables, x, **kwargs)
-  np.testing.assert_allclose(y_p, y_s, rtol=FORWARD_TOL, atol=FORWARD_TOL)
-  np.testing.assert_allclose(h_p, h_s, rtol=FORWARD_TOL, atol=FORWARD_TOL)
+  y_s, h_s = run(stepwise, variables, x, **kwargs)
+  for chunked in (parallel, parallel.clone(chunk_size=1)):
+    y_p, h_p = run(chunked, variables, x, **kwargs)
+    np.testing.assert_allclose(y_p, y_s, rtol=FORWARD_TOL, atol=FORWARD_TOL)
+    np.testing.assert_allclose(h_p, h_s, rtol=FORWARD_TOL, atol=FORWARD_TOL)
   cotangent = randn(7, *y_p.shape)
   (_, g_p), (_, g_s) = (loss_and_grads(run, m, variables, x, cotangent, **kwargs)
                         for m in (parallel, stepwise))

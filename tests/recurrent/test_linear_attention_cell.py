@@ -45,7 +45,7 @@ def init(module, key, x):
 
 
 def make(**kwargs):
-  module = LinearAttentionCell(num_heads=M, **kwargs)
+  module = LinearAttentionCell(num_heads=M, chunk_size=4, **kwargs)
   variables = init(module, jax.random.key(0), jnp.zeros((B, D)))
   # non-zero biases, so that a wrong bias would show
   variables = jax.tree.map(lambda p: p + 0.1 * randn(p.size, *p.shape), variables)

@@ -46,7 +46,7 @@ def init(module, key, x):
 
 
 def make(**kwargs):
-  module = S5(state_size=N, **kwargs)
+  module = S5(state_size=N, chunk_size=4, **kwargs)
   return module, init(module, jax.random.key(0), jnp.zeros((B, T, H)))
 
 
