@@ -109,7 +109,8 @@ class DiagonalSSM(nn.Module):
     y = s.d * x.astype(jnp.float32)
     last = []
     for k in range(self.num_directions):   # complex values as (re, im) pairs: see linear_scan
-      h, h_last = linear_scan(_pair(s.lam), bx, _pair(h0[k]), lengths=seq_lengths,
+      h, h_last = linear_scan(_pair(s.lam), bx, None if h0 is None else _pair(h0[k]),
+                              lengths=seq_lengths,
                               reverse=k == 1, parallel=self.mode == "parallel",
                               chunk=self.chunk_size)
       y = y + s.scale * self._output_product(h, s.c[k])
@@ -147,11 +148,11 @@ class DiagonalSSM(nn.Module):
                                       preferred_element_type=jnp.float32)
     return product(h[0], c.real) - product(h[1], c.imag)
 
-  def _initial_state(self, initial_state: Array | None, batch: int) -> Array:
-    """[directions, batch, N] complex64."""
+  def _initial_state(self, initial_state: Array | None, batch: int) -> Array | None:
+    """[directions, batch, N] complex64, or None for zeros."""
     expected = self.zero_state(batch)
     if initial_state is None:
-      return expected.reshape((self.num_directions, batch, self.num_states))
+      return None
     initial_state = jnp.asarray(initial_state)
     if initial_state.shape != expected.shape:
       raise ValueError(f"initial_state must have shape {expected.shape} "

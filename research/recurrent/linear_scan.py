@@ -11,12 +11,12 @@ each a real array or, for complex values, a pair (re, im) of real arrays (a and 
 same kind): XLA's CPU backend multiplies complex numbers element by element far more
 slowly than reals, and splitting or joining complex arrays costs passes over memory.
 
-`parallel=True` splits time into chunks of `chunk` steps: every chunk's states from a zero
-start are computed together (one step of all chunks at a time, `chunk` steps in all), each
-chunk's end state is carried into the next by `jax.lax.associative_scan` over the chunks
-with the operator (A, e) ∘ (A', e') = (A' A, A' e + e') on (a^chunk, end state), and
-h_t = local_t + a^(t − start + 1) ⊙ carried_in adds what came before. The depth is
-chunk + log(T / chunk) instead of T, and every operation is a vector over all chunks;
+`parallel=True` splits time into chunks of `chunk` steps and runs all chunks side by side
+(one step of every chunk at a time, `chunk` steps in all): first from a zero start, keeping
+only each chunk's end state e; then `jax.lax.associative_scan` over the chunks, with the
+operator (A, e) ∘ (A', e') = (A' A, A' e + e') on (a^chunk, e), gives the state entering
+each chunk; then the chunks run again from those states, keeping every state. The depth is
+2·chunk + log(T / chunk) instead of T, and every operation is a vector over all chunks;
 `chunk=1` is `associative_scan` over every step. `parallel=False` runs one step at a time.
 Both agree to rounding.
 
@@ -33,7 +33,6 @@ meaningful (callers zero their outputs there).
 """
 
 import functools
-from typing import Union
 
 import jax
 import jax.numpy as jnp
@@ -41,15 +40,7 @@ from jax import lax
 
 Array = jax.Array
 Value = tuple[Array, ...]        # (x,) for a real array, (re, im) for a complex one
-Values = Union[Array, tuple[Array, Array]]   # the public form: a real array or (re, im)
-
-
-def _split(x: Array) -> Value:
-  return (jnp.real(x), jnp.imag(x)) if jnp.iscomplexobj(x) else (x,)
-
-
-def _join(v: Value) -> Array:
-  return lax.complex(*v) if len(v) == 2 else v[0]
+Values = Array | tuple[Array, Array]   # the public form: a real array or (re, im)
 
 
 def _mul(a: Value | None, h: Value) -> Value:
@@ -70,29 +61,26 @@ def _map(fn, v: Value) -> Value:
   return tuple(fn(x) for x in v)
 
 
-def _power(a: Value | None, k: Array) -> Value | None:
-  """a^k [*k.shape, *a.shape] for integer exponents k ≥ 0 (small tables only)."""
-  if a is None:
-    return None
-  z = _join(a).astype(jnp.complex64 if len(a) == 2 else a[0].dtype)
-  k = k.reshape(k.shape + (1,) * z.ndim)
-  return _split(jnp.power(z, k.astype(z.dtype)) if len(a) == 1 else jnp.exp(k * jnp.log(z)))
-
-
-def _loop(a: Value | None, b: Value, reverse: bool, axis: int) -> Value:
-  """States from a zero start, one step at a time along `axis` of b (vectorised over the
-  other axes)."""
+def _loop(a: Value | None, b: Value, reverse: bool, axis: int, h: Value | None = None,
+          store: bool = True) -> Value:
+  """One step at a time along `axis` of b, vectorised over the other axes, from the state
+  h (zero when None; shaped like b without `axis`). Returns every state, or only the last
+  when not `store`."""
   num_steps = b[0].shape[axis]
   at = lambda x, t: lax.dynamic_index_in_dim(x, t, axis, keepdims=False)
+  if h is None:
+    h = _map(lambda x: jnp.zeros(x.shape[:axis] + x.shape[axis + 1:], x.dtype), b)
 
   def body(k, carry):
     h, states = carry
     t = num_steps - 1 - k if reverse else k
     h = _add(_mul(a, h), _map(lambda x: at(x, t), b))
-    return h, tuple(lax.dynamic_update_index_in_dim(s, x, t, axis) for s, x in zip(states, h))
+    if store:
+      states = tuple(lax.dynamic_update_index_in_dim(s, x, t, axis) for s, x in zip(states, h))
+    return h, states
 
-  h = _map(lambda x: jnp.zeros(x.shape[:axis] + x.shape[axis + 1:], x.dtype), b)
-  return lax.fori_loop(0, num_steps, body, (h, _map(jnp.zeros_like, b)))[1]
+  h, states = lax.fori_loop(0, num_steps, body, (h, _map(jnp.zeros_like, b) if store else ()))
+  return states if store else h
 
 
 def _chunked(a: Value | None, b: Value, reverse: bool, chunk: int) -> Value:
@@ -102,25 +90,26 @@ def _chunked(a: Value | None, b: Value, reverse: bool, chunk: int) -> Value:
   chunks = -(-num_steps // size)
   pad = ((0, 0), (0, chunks * size - num_steps)) + ((0, 0),) * (b[0].ndim - 2)
   blocks = _map(lambda x: jnp.pad(x, pad).reshape((batch, chunks, size) + x.shape[2:]), b)
-  local = _loop(a, blocks, reverse, axis=2)                 # [B, chunks, size, *state]
-  ends = _map(lambda x: x[:, :, 0 if reverse else -1], local)
+  # 1. each chunk's end state from a zero start (padding at the end adds nothing: a reverse
+  # scan starts there, a forward one ends there and its states are cut off)
+  ends = _loop(a, blocks, reverse, axis=2, store=False)                  # [B, chunks, *state]
+  # 2. the state entering each chunk: the previous chunk's end (the next one's if reverse)
   if a is None:
     carried = _map(lambda x: lax.associative_scan(jnp.add, x, reverse=reverse, axis=1), ends)
   else:
-    a_chunk = _map(lambda x: jnp.broadcast_to(x, (1, chunks) + x.shape),
-                   _power(a, jnp.array(size)))
+    one = (jnp.ones_like(a[0]),) + tuple(jnp.zeros_like(x) for x in a[1:])
+    power = lax.fori_loop(0, size, lambda _, p: _mul(a, p), one)               # a^size
+    a_chunk = _map(lambda x: jnp.broadcast_to(x, (1, chunks) + x.shape), power)
 
     def combine(earlier, later):
       return _mul(later[0], earlier[0]), _add(_mul(later[0], earlier[1]), later[1])
 
     carried = lax.associative_scan(combine, (a_chunk, ends), reverse=reverse, axis=1)[1]
-  # what enters each chunk: the previous chunk's end state (the next one's when reverse)
-  into = _map(lambda x: jnp.roll(x, 1 if not reverse else -1, axis=1)
-              .at[:, -1 if reverse else 0].set(0), carried)
-  steps = jnp.arange(size, 0, -1) if reverse else jnp.arange(1, size + 1)
-  decay = _power(a, steps)                                  # a^(steps since the chunk began)
-  into = _map(lambda x: x[:, :, None], into)
-  h = _add(local, into if decay is None else _mul(_map(lambda x: x[None, None], decay), into))
+  zero = lambda x: jnp.zeros_like(x[:, :1])
+  into = _map(lambda x: jnp.concatenate([x[:, 1:], zero(x)], 1) if reverse
+              else jnp.concatenate([zero(x), x[:, :-1]], 1), carried)
+  # 3. every state, each chunk starting from what enters it
+  h = _loop(a, blocks, reverse, axis=2, h=into)
   return _map(lambda x: x.reshape((batch, chunks * size) + x.shape[3:])[:, :num_steps], h)
 
 
