@@ -45,14 +45,19 @@ last line checking the goal: ours at most 0.8 × torch cuDNN's time. The flags o
 
 Linear recurrences (`--section linear`, or `all` for both tables):
 
-    python3 tasks.py bench recurrent --section linear     # about 5 minutes on 2 CPU cores
+    python3 tasks.py bench recurrent --section linear     # a few minutes on 2 CPU cores
+    python benchmarks/recurrent.py --section linear --linear_shape 4,64,64
 
 times forward + backward (the same step as above: gradients of <outputs, cotangent> with
 respect to x and every parameter) of `LRU` and `S5` computed in parallel over time
-(`mode="parallel"`, associative_scan) and stepwise (`mode="stepwise"`, one step at a
-time), and our `GRU`, at x [B, T, H] = [4, T, 64] for T in `--lengths` (1K, 4K, 16K);
-LRU has N = 64 complex states, S5 64 HiPPO-N states (32 kept with conjugate symmetry),
-the GRU hidden size 64. Medians of `--linear_repeats` interleaved rounds per length; the
+(`mode="parallel"`: chunks side by side joined by associative_scan, see
+research/recurrent/linear_scan.py) and stepwise (`mode="stepwise"`, one step at a time),
+and our `GRU`, at x [B, T, H] for T in `--lengths` (1K, 4K, 16K) and B, H, N in
+`--linear_shape` (default 1, 32, 32): LRU with N complex states, S5 with 2N HiPPO-N states
+(N kept with conjugate symmetry), the GRU with hidden size H. On a CPU the parallel form
+gains where a step's work is small against the loop's per-step cost (narrow layers, small
+batches); at [4, T, 64] a step is already a vector pass over memory and the two forms
+come close. Medians of `--linear_repeats` interleaved rounds per length; the
 ratios are stepwise / parallel (above 1.0: the parallel form is faster) and GRU / parallel,
 and a last line checks the goal: the parallel form at least 2× faster than the stepwise
 one at the longest length. Then each of those steps at `--compile_lengths` is compiled for
@@ -110,13 +115,12 @@ DEFAULTS = {  # backend: flag defaults (any other backend gets the CPU's)
 }
 GOAL = 0.8        # on a GPU: ours / torch cuDNN at most this at every row
 
-LINEAR_BATCH, LINEAR_WIDTH, LINEAR_STATES = 4, 64, 64    # B, H (GRU hidden), N
-LINEAR_LAYERS = {  # row: the layer, x [B, T, H] -> outputs [B, T, H]
-    "LRU parallel": lambda: recurrent.LRU(state_size=LINEAR_STATES, mode="parallel"),
-    "LRU stepwise": lambda: recurrent.LRU(state_size=LINEAR_STATES, mode="stepwise"),
-    "S5 parallel": lambda: recurrent.S5(state_size=LINEAR_STATES, mode="parallel"),
-    "S5 stepwise": lambda: recurrent.S5(state_size=LINEAR_STATES, mode="stepwise"),
-    "GRU": lambda: recurrent.GRU(hidden_size=LINEAR_WIDTH),
+LINEAR_LAYERS = {  # row: the layer for width H and N states, x [B, T, H] -> outputs [B, T, H]
+    "LRU parallel": lambda h, n: recurrent.LRU(state_size=n, mode="parallel"),
+    "LRU stepwise": lambda h, n: recurrent.LRU(state_size=n, mode="stepwise"),
+    "S5 parallel": lambda h, n: recurrent.S5(state_size=2 * n, mode="parallel"),
+    "S5 stepwise": lambda h, n: recurrent.S5(state_size=2 * n, mode="stepwise"),
+    "GRU": lambda h, n: recurrent.GRU(hidden_size=h),
 }
 LINEAR_GOAL = 2.0  # stepwise / parallel at least this at the longest length, on the CPU
 
@@ -286,26 +290,23 @@ def cells_section(args, backend: str, device: torch.device):
           f"worst {worst:.2f} at {where}")
 
 
-def linear_inputs(steps: int) -> tuple[jax.Array, jax.Array]:
-  """x and the cotangent, [B, T, H] float32."""
-  rng = np.random.default_rng(0)
-  shape = (LINEAR_BATCH, steps, LINEAR_WIDTH)
-  return (jnp.asarray(rng.standard_normal(shape, dtype=np.float32)),
-          jnp.asarray(rng.standard_normal(shape, dtype=np.float32)))
-
-
-def linear_timings(lengths: list[int], repeats: int, pause: float) -> float | None:
-  """Prints the CPU table; returns the smallest stepwise / parallel ratio at the longest T."""
+def linear_timings(shape: tuple[int, int, int], lengths: list[int], repeats: int,
+                   pause: float) -> float:
+  """Prints the CPU table; returns the smaller stepwise / parallel ratio (LRU, S5) at the
+  longest T."""
+  batch, width, states = shape
   print(f"{jax.default_backend()} ({jax.devices()[0].device_kind}, {os.cpu_count()} cores): "
-        f"jax {jax.__version__}; forward + backward, x [{LINEAR_BATCH}, T, {LINEAR_WIDTH}], "
-        f"N = {LINEAR_STATES}; medians of {repeats} interleaved rounds\n")
+        f"jax {jax.__version__}; forward + backward, x [{batch}, T, {width}], N = {states}; "
+        f"medians of {repeats} interleaved rounds\n")
   print("| T | layer | parallel ms | stepwise ms | stepwise / parallel | GRU ms | "
         "GRU / parallel |")
   print("|---|---|---|---|---|---|---|")
-  goal = None
+  goal = 0.0
   for steps in lengths:
-    x, cotangent = linear_inputs(steps)
-    fns = {name: jax_step(make(), x, cotangent) for name, make in LINEAR_LAYERS.items()}
+    rng = np.random.default_rng(0)
+    x, cotangent = (jnp.asarray(rng.standard_normal((batch, steps, width), dtype=np.float32))
+                    for _ in range(2))
+    fns = {name: jax_step(make(width, states), x, cotangent) for name, make in LINEAR_LAYERS.items()}
     ms = median_ms(fns, repeats, pause)
     ratios = []
     for layer in ("LRU", "S5"):
@@ -318,10 +319,11 @@ def linear_timings(lengths: list[int], repeats: int, pause: float) -> float | No
   return goal
 
 
-def linear_compiled(lengths: list[int], target_name: str) -> None:
+def linear_compiled(shape: tuple[int, int, int], lengths: list[int], target_name: str) -> None:
   """Prints XLA's per-chip bytes and FLOPs of each step compiled for `target_name`."""
+  batch, width, states = shape
   print(f"\nCompiled for {target_name} without the chip (research.aot), forward + backward, "
-        f"x [{LINEAR_BATCH}, T, {LINEAR_WIDTH}]:\n")
+        f"x [{batch}, T, {width}], N = {states}:\n")
   try:
     target = targets.get(target_name)
     device = targets.devices_of(target)[0]
@@ -331,31 +333,33 @@ def linear_compiled(lengths: list[int], target_name: str) -> None:
   sharding = SingleDeviceSharding(device)
   on_chip = lambda tree: jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
-  print("| T | layer | per-chip MiB (temp) | fits | GFLOP |")
+  print("| T | layer | per-chip MiB (temporaries) | fits | GFLOP |")
   print("|---|---|---|---|---|")
   for steps in lengths:
-    x = jax.ShapeDtypeStruct((LINEAR_BATCH, steps, LINEAR_WIDTH), jnp.float32)
+    x = jax.ShapeDtypeStruct((batch, steps, width), jnp.float32)
     for name, make in LINEAR_LAYERS.items():
-      model = make()
+      model = make(width, states)
       variables = jax.eval_shape(model.init, jax.random.key(0), x)
       grad = jax.jit(jax.grad(output_loss(model), argnums=(0, 1)))
       compiled = grad.lower(on_chip(variables), on_chip(x), on_chip(x)).compile()
       r = report.analyze(compiled, targets.memory_bytes(target))
-      flops = "—" if r["flops"] is None else f"{r['flops'] / 1e9:.2f}"
-      print(f"| {steps} | {name} | {r['bytes']['total'] / 2**20:.0f} "
-            f"({r['bytes']['temp'] / 2**20:.0f}) | {'yes' if r['fits'] else 'no'} | {flops} |",
+      flops = "—" if r["flops"] is None else f"{r['flops'] / 1e9:.3f}"
+      print(f"| {steps} | {name} | {r['bytes']['total'] / 2**20:.1f} "
+            f"({r['bytes']['temp'] / 2**20:.1f}) | {'yes' if r['fits'] else 'no'} | {flops} |",
             flush=True)
 
 
 def linear_section(args) -> None:
   """LRU and S5, parallel against stepwise, and our GRU (module docstring)."""
+  shape = tuple(int(v) for v in args.linear_shape.split(","))
   lengths = [int(t) for t in args.lengths.split(",")]
-  goal = linear_timings(lengths, args.linear_repeats, args.pause)
+  goal = linear_timings(shape, lengths, args.linear_repeats, args.pause)
   met = "met" if goal >= LINEAR_GOAL else "not met"
   print(f"\nGoal stepwise / parallel >= {LINEAR_GOAL} at T = {lengths[-1]} (LRU and S5): {met}, "
         f"smallest {goal:.2f}")
   if args.compile_target:
-    linear_compiled([int(t) for t in args.compile_lengths.split(",")], args.compile_target)
+    linear_compiled(shape, [int(t) for t in args.compile_lengths.split(",")],
+                    args.compile_target)
 
 
 def main():
@@ -374,6 +378,8 @@ def main():
   parser.add_argument("--repeats", type=int, default=defaults["repeats"])
   parser.add_argument("--pause", type=float, default=defaults["pause"],
                       help="seconds idle before each timed call (default here: %(default)s)")
+  parser.add_argument("--linear_shape", default="1,32,32",
+                      help="linear section: B,H,N, batch, width and states (default: %(default)s)")
   parser.add_argument("--lengths", default="1024,4096,16384",
                       help="linear section: comma list of T (default: %(default)s)")
   parser.add_argument("--linear_repeats", type=int, default=5,
