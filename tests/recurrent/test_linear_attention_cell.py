@@ -13,10 +13,12 @@ import torch
 from linear_checks import (
   FORWARD_TOL,
   assert_causal,
+  assert_gradients_agree,
   assert_padding_is_each_sequence_alone,
   assert_parallel_equals_stepwise,
   assert_steps_equal_sequence,
   compiled,
+  key,
   randn,
 )
 
@@ -40,13 +42,13 @@ def step(module, variables, carry, x_t):
 
 
 @compiled
-def init(module, key, x):
-  return module.init(key, module.initialize_carry(None, x.shape), x)
+def init(module, rng, x):
+  return module.init(rng, module.initialize_carry(None, x.shape), x)
 
 
 def make(**kwargs):
   module = LinearAttentionCell(num_heads=M, chunk_size=4, **kwargs)
-  variables = init(module, jax.random.key(0), jnp.zeros((B, D)))
+  variables = init(module.clone(mode="parallel"), key(0), jnp.zeros((B, D)))
   # non-zero biases, so that a wrong bias would show
   variables = jax.tree.map(lambda p: p + 0.1 * randn(p.size, *p.shape), variables)
   return module, variables
@@ -112,6 +114,11 @@ def test_parallel_equals_stepwise_with_lengths_and_initial_state():
   carry = np.abs(randn(5, B, M, D // M, D // M + 1))      # z > 0, as any reached carry
   assert_parallel_equals_stepwise(run, module, variables, randn(0, B, T, D),
                                   seq_lengths=jnp.array([T, 3]), initial_state=carry)
+
+
+def test_gradients_of_the_two_forms_agree():
+  module, variables = make(decay=(0.9, 0.5))
+  assert_gradients_agree(run, module, variables, randn(0, B, T, D))
 
 
 def test_steps_equal_the_sequence():

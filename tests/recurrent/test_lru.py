@@ -18,7 +18,8 @@ from linear_checks import (
   assert_parallel_equals_stepwise,
   assert_steps_equal_sequence,
   compiled,
-  loss_and_grads,
+  key,
+  outputs_and_grads,
   randn,
 )
 
@@ -42,15 +43,15 @@ def step(module, variables, state, x_t):
 
 
 @compiled
-def init(module, key, x):
-  return module.init(key, x)
+def init(module, rng, x):
+  return module.init(rng, x)
 
 
 def make(**kwargs):
   """r_max = 1 (the paper's default): |λ| near 1, γ near 0, gradients must stay finite.
   chunk_size = 4 < T: the parallel form's chunks, the last one padded."""
   module = LRU(state_size=N, r_min=0.5, r_max=1.0, chunk_size=4, **kwargs)
-  return module, init(module, jax.random.key(0), jnp.zeros((B, T, H)))
+  return module, init(module.clone(mode="parallel"), key(0), jnp.zeros((B, T, H)))
 
 
 def torch_lru(params) -> torch.nn.Module:
@@ -67,21 +68,21 @@ def torch_lru(params) -> torch.nn.Module:
 
 
 def outputs_only(module, variables, x):
-  return run(module, variables, x)[0], jnp.zeros(())
+  return module.apply(variables, x)[0], jnp.zeros(())
 
 
-def test_matches_lru_pytorch_outputs_and_gradients():
-  """Parallel form against torch's loop (test_parallel_equals_stepwise covers the other)."""
-  module, variables = make()
+@pytest.mark.parametrize("mode", ["parallel", "stepwise"])
+def test_matches_lru_pytorch_outputs_and_gradients(mode):
+  """Both forms against torch's loop: outputs, and the gradients of every parameter (the
+  parallel form's chunks, the last one padded: chunk_size 4, T 6)."""
+  module, variables = make(mode=mode)
   params = variables["params"]
   x, cotangent = randn(0, B, T, H), randn(1, B, T, H)
   reference = torch_lru(params)
   y_torch = reference(torch.tensor(x))
   torch.sum(y_torch * torch.tensor(cotangent)).backward()
-  y, _ = run(module, variables, x)
+  y, (grads, _) = outputs_and_grads(outputs_only, module, variables, x, cotangent)
   np.testing.assert_allclose(y, y_torch.detach().numpy(), rtol=FORWARD_TOL, atol=FORWARD_TOL)
-
-  _, (grads, _) = loss_and_grads(outputs_only, module, variables, x, cotangent)
   g, close = grads["params"], lambda a, b: np.testing.assert_allclose(a, b, rtol=GRAD_TOL, atol=GRAD_TOL)
   for name in ("nu_log", "theta_log", "gamma_log"):
     close(g[name], getattr(reference, name).grad.numpy())
@@ -89,6 +90,7 @@ def test_matches_lru_pytorch_outputs_and_gradients():
     close(g[name + "_re"], getattr(reference, name).grad.real.numpy())
     close(g[name + "_im"], getattr(reference, name).grad.imag.numpy())
   close(g["D"], np.diag(reference.D.grad.numpy()))
+  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(grads))
 
 
 def test_initial_state_matches_lru_pytorch():
@@ -105,7 +107,7 @@ def test_ring_initialisation_and_gamma_normalisation():
   B ~ N(0, 1/(2H)), C ~ N(0, 1/N), as the paper's Section 3 and its Lemma 3.2."""
   r_min, r_max, max_phase, n, h = 0.4, 0.9, math.pi / 4, 4096, 8
   module = LRU(state_size=n, r_min=r_min, r_max=r_max, max_phase=max_phase)
-  p = init(module, jax.random.key(1), jnp.zeros((1, 1, h)))["params"]
+  p = init(module, key(1), jnp.zeros((1, 1, h)))["params"]
   magnitude = np.exp(-np.exp(np.asarray(p["nu_log"], np.float64)))
   phase = np.exp(np.asarray(p["theta_log"], np.float64))
   assert r_min <= magnitude.min() < r_min + 0.01 and r_max - 0.01 < magnitude.max() <= r_max

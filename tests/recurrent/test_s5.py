@@ -16,7 +16,8 @@ from linear_checks import (
   assert_parallel_equals_stepwise,
   assert_steps_equal_sequence,
   compiled,
-  loss_and_grads,
+  key,
+  outputs_and_grads,
   randn,
 )
 
@@ -41,17 +42,17 @@ def step(module, variables, state, x_t):
 
 
 @compiled
-def init(module, key, x):
-  return module.init(key, x)
+def init(module, rng, x):
+  return module.init(rng, x)
 
 
 def make(**kwargs):
   module = S5(state_size=N, chunk_size=4, **kwargs)
-  return module, init(module, jax.random.key(0), jnp.zeros((B, T, H)))
+  return module, init(module.clone(mode="parallel"), key(0), jnp.zeros((B, T, H)))
 
 
 def outputs_only(module, variables, x):
-  return run(module, variables, x)[0], jnp.zeros(())
+  return module.apply(variables, x)[0], jnp.zeros(())
 
 
 def hippo_legs(n: int) -> np.ndarray:
@@ -77,7 +78,7 @@ def test_hippo_n_diagonalises_the_normal_part_of_hippo_legs():
 
 def test_initialisation_blocks_conjugate_half_and_time_steps():
   module = S5(state_size=8, blocks=2, dt_min=0.01, dt_max=0.05)
-  p = init(module, jax.random.key(1), jnp.zeros((1, 1, H)))["params"]
+  p = init(module, key(1), jnp.zeros((1, 1, H)))["params"]
   block = hippo_n(4)[0]
   kept = block[block.imag < 0]                      # one of each conjugate pair
   np.testing.assert_allclose(p["Lambda_re"] + 1j * p["Lambda_im"], np.tile(kept, 2), atol=1e-6)
@@ -109,28 +110,35 @@ def torch_s5(params, conj_sym: bool, bidirectional: bool) -> torch.nn.Module:
   return module
 
 
-@pytest.mark.parametrize("conj_sym, bidirectional", [(False, False), (True, True)])
-def test_matches_s5_pytorch(conj_sym, bidirectional):
-  """Outputs; and, without conjugate symmetry (the same parameters on both sides), every
-  gradient."""
-  module, variables = make(conj_sym=conj_sym, bidirectional=bidirectional)
-  params = variables["params"]
+def test_matches_s5_pytorch_outputs_and_gradients():
+  """Bidirectional, without conjugate symmetry (the same parameters on both sides): outputs
+  and every gradient. The parallel form runs chunks of 4 steps, the last one padded."""
+  module, variables = make(conj_sym=False, bidirectional=True)
   x, cotangent = randn(0, B, T, H), randn(1, B, T, H)
-  reference = torch_s5(params, conj_sym, bidirectional)
+  reference = torch_s5(variables["params"], conj_sym=False, bidirectional=True)
   y_torch = reference(torch.tensor(x))
-  y, _ = run(module, variables, x)
-  np.testing.assert_allclose(y, y_torch.detach().numpy(), rtol=FORWARD_TOL, atol=FORWARD_TOL)
-  if conj_sym:
-    return
   torch.sum(y_torch * torch.tensor(cotangent)).backward()
-  _, (grads, _) = loss_and_grads(outputs_only, module, variables, x, cotangent)
+  y, (grads, _) = outputs_and_grads(outputs_only, module, variables, x, cotangent)
+  np.testing.assert_allclose(y, y_torch.detach().numpy(), rtol=FORWARD_TOL, atol=FORWARD_TOL)
   g, seq = grads["params"], reference.seq
   close = lambda a, b: np.testing.assert_allclose(a, b, rtol=GRAD_TOL, atol=GRAD_TOL)
   close(g["Lambda_re"], seq.Lambda.grad.real.numpy())   # torch: d/d(re) + i d/d(im)
   close(g["Lambda_im"], seq.Lambda.grad.imag.numpy())
-  close(g["C"], torch.stack([seq.C.grad.real, seq.C.grad.imag], -1).numpy())
+  c_grad = torch.stack([seq.C.grad.real, seq.C.grad.imag], -1).numpy()   # [H, 2N, 2]
+  close(g["C"], np.moveaxis(c_grad.reshape(H, 2, N, 2), 1, 0))
   for name in ("B", "D", "log_step"):
     close(g[name], getattr(seq, name).grad.numpy())
+  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(grads))
+
+
+def test_conjugate_symmetry_matches_s5_pytorch_with_the_conjugate_states():
+  """Our P = N/2 states and 2 Re(C̃ h) against s5-pytorch running all N states (ours and
+  their conjugates) with Re(C̃ h); stepwise here, the parallel form above."""
+  module, variables = make(mode="stepwise")
+  x = randn(0, B, T, H)
+  y_torch = torch_s5(variables["params"], conj_sym=True, bidirectional=False)(torch.tensor(x))
+  y, _ = run(module, variables, x)
+  np.testing.assert_allclose(y, y_torch.detach().numpy(), rtol=FORWARD_TOL, atol=FORWARD_TOL)
 
 
 def test_parallel_equals_stepwise_bidirectional_with_lengths_and_initial_state():
