@@ -51,7 +51,7 @@ class System(NamedTuple):
 
 class DiagonalSSM(nn.Module):
   """Shared body of `LRU` and `S5`; subclasses build the system from their parameters."""
-  mode: str = "parallel"           # "parallel" (associative_scan) or "stepwise"
+  mode: str = "parallel"           # "parallel" (chunks joined by associative_scan) or "stepwise"
   chunk_size: int = 64             # parallel form: steps per chunk (see `linear_scan`)
   bidirectional: bool = False      # add a reverse-time state (see the module docstring)
   dtype: Any = None                # computation dtype of the matrix products (None: float32)
@@ -110,9 +110,8 @@ class DiagonalSSM(nn.Module):
     last = []
     for k in range(self.num_directions):   # complex values as (re, im) pairs: see linear_scan
       h, h_last = linear_scan(_pair(s.lam), bx, None if h0 is None else _pair(h0[k]),
-                              lengths=seq_lengths,
-                              reverse=k == 1, parallel=self.mode == "parallel",
-                              chunk=self.chunk_size)
+                              lengths=seq_lengths, reverse=k == 1,
+                              parallel=self.mode == "parallel", chunk=self.chunk_size)
       y = y + s.scale * self._output_product(h, s.c[k])
       last.append(jax.lax.complex(*h_last))
     if valid is not None:
@@ -150,12 +149,12 @@ class DiagonalSSM(nn.Module):
 
   def _initial_state(self, initial_state: Array | None, batch: int) -> Array | None:
     """[directions, batch, N] complex64, or None for zeros."""
-    expected = self.zero_state(batch)
     if initial_state is None:
       return None
+    expected = self.zero_state(batch).shape
     initial_state = jnp.asarray(initial_state)
-    if initial_state.shape != expected.shape:
-      raise ValueError(f"initial_state must have shape {expected.shape} "
+    if initial_state.shape != expected:
+      raise ValueError(f"initial_state must have shape {expected} "
                        f"({'[2, batch, N]' if self.bidirectional else '[batch, N]'}), "
                        f"got {initial_state.shape}")
     return initial_state.astype(jnp.complex64).reshape((self.num_directions, batch, self.num_states))

@@ -160,9 +160,11 @@ def linear_scan(a: Values | None, b: Values, h0: Values | None = None, *,
   """
   pair = isinstance(b, tuple)
   for name, x in (("a", a), ("b", b), ("h0", h0)):
-    if x is not None and isinstance(x, tuple) != pair or pair and x is not None and len(x) != 2:
-      raise ValueError(f"a, b and h0 must all be real arrays or all (re, im) pairs; {name} "
-                       f"is {'a tuple' if isinstance(x, tuple) else 'an array'}")
+    if x is None:
+      continue
+    if isinstance(x, tuple) != pair or (pair and len(x) != 2):
+      raise ValueError(f"a, b and h0 must all be real arrays or all (re, im) pairs of real "
+                       f"arrays; {name} is {'a tuple' if isinstance(x, tuple) else 'an array'}")
   value = lambda x: None if x is None else (tuple(x) if pair else (x,))
   a, b, h0 = value(a), value(b), value(h0)
   if not isinstance(chunk, int) or chunk < 1:
