@@ -42,25 +42,55 @@ wide (one unidirectional layer), cells lstm, gru, rnn, float32, 9 rounds, 0.2 s 
 on a GPU the four shapes of the GPU goal (base, long_bidir, stack_bidir,
 wide_stack_bidir), cells lstm, gru, float32 and bfloat16, 20 rounds, no pause, and a
 last line checking the goal: ours at most 0.8 × torch cuDNN's time. The flags override.
+
+Linear recurrences (`--section linear`, or `all` for both tables):
+
+    python3 project.py bench recurrent --section linear     # a few minutes on 2 CPU cores
+    python benchmarks/recurrent.py --section linear --linear_shape 4,64,64
+
+times forward + backward (the same step as above: gradients of <outputs, cotangent> with
+respect to x and every parameter) of `LRU` and `S5` computed in parallel over time
+(`mode="parallel"`: chunks side by side joined by associative_scan, see
+research/recurrent/linear_scan.py) and stepwise (`mode="stepwise"`, one step at a time),
+and our `GRU`, at x [B, T, H] for T in `--lengths` (1K, 4K, 16K) and B, H, N in
+`--linear_shape` (default 1, 32, 32): LRU with N complex states, S5 with 2N HiPPO-N states
+(N kept with conjugate symmetry), the GRU with hidden size H. On a CPU the parallel form
+gains where a step's work is small against the loop's per-step cost (narrow layers, small
+batches); at [4, T, 64] a step is already a vector pass over memory and the two forms
+come close. Medians of `--linear_repeats` interleaved rounds per length; the
+ratios are stepwise / parallel (above 1.0: the parallel form is faster) and GRU / parallel,
+and a last line checks the goal: the parallel form at least 2× faster than the stepwise
+one at the longest length. Then each of those steps at `--compile_lengths` is compiled for
+`--compile_target` (a TPU v5e chip by default) without the chip (`research.aot`), and
+XLA's per-chip bytes and FLOP count are printed; skipped with the reason where the
+toolchain (libtpu, the `aot` extra) is missing.
 """
 
 import argparse
 import os
+import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch share a GPU
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=wrong-import-position
-from typing import Any
+from research import jax_start  # noqa: E402
 
-import flax
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-import numpy as np
-import torch
-from timing import median_ms
+jax_start.cpu_unless_accelerators()   # the compile-only toolchains, without probing for chips
 
-from research import recurrent
+from typing import Any  # noqa: E402
+
+import flax  # noqa: E402
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from jax.sharding import SingleDeviceSharding  # noqa: E402
+from timing import median_ms  # noqa: E402
+
+from research import recurrent  # noqa: E402
+from research.aot import report, targets  # noqa: E402
 
 SHAPES = {  # name: (B, T, D, H, layers, bidirectional)
     "base": (32, 128, 256, 256, 1, False),
@@ -84,6 +114,15 @@ DEFAULTS = {  # backend: flag defaults (any other backend gets the CPU's)
             "dtypes": "float32,bfloat16", "repeats": 20, "pause": 0.0},
 }
 GOAL = 0.8        # on a GPU: ours / torch cuDNN at most this at every row
+
+LINEAR_LAYERS = {  # row: the layer for width H and N states, x [B, T, H] -> outputs [B, T, H]
+    "LRU parallel": lambda h, n: recurrent.LRU(state_size=n, mode="parallel"),
+    "LRU stepwise": lambda h, n: recurrent.LRU(state_size=n, mode="stepwise"),
+    "S5 parallel": lambda h, n: recurrent.S5(state_size=2 * n, mode="parallel"),
+    "S5 stepwise": lambda h, n: recurrent.S5(state_size=2 * n, mode="stepwise"),
+    "GRU": lambda h, n: recurrent.GRU(hidden_size=h),
+}
+LINEAR_GOAL = 2.0  # stepwise / parallel at least this at the longest length, on the CPU
 
 
 class FlaxStack(nn.Module):
@@ -115,16 +154,21 @@ def compiled_step(loss, *args):
   return lambda: jax.block_until_ready(grad(*args))
 
 
-def jax_step(model: nn.Module, x: jax.Array, cotangent: jax.Array):
-  """fn() for a flax module mapping x to outputs (or (outputs, state)): grads of params, x."""
-  variables = model.init(jax.random.key(0), x)
-
+def output_loss(model: nn.Module):
+  """loss(variables, x, cotangent) = <outputs, cotangent> of a module returning outputs or
+  (outputs, state)."""
   def loss(variables, x, cotangent):
     outputs = model.apply(variables, x)
     outputs = outputs[0] if isinstance(outputs, tuple) else outputs
     return jnp.vdot(outputs, cotangent)
 
-  return compiled_step(loss, variables, x, cotangent)
+  return loss
+
+
+def jax_step(model: nn.Module, x: jax.Array, cotangent: jax.Array):
+  """fn() for a flax module mapping x to outputs (or (outputs, state)): grads of params, x."""
+  variables = model.init(jax.random.key(0), x)
+  return compiled_step(output_loss(model), variables, x, cotangent)
 
 
 def jax_cudnn_lstm_step(layers: int, bidirectional: bool, x: jax.Array, cotangent: jax.Array,
@@ -211,28 +255,9 @@ def header(backend: str, device: torch.device, repeats: int) -> str:
           f"medians of {repeats} interleaved rounds")
 
 
-def main():
-  backend = jax.default_backend()
-  defaults = DEFAULTS.get(backend, DEFAULTS["cpu"])
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--shapes", default=defaults["shapes"],
-                      help=f"comma list of {list(SHAPES)}, or all (default here: %(default)s)")
-  parser.add_argument("--cells", default=defaults["cells"],
-                      help=f"comma list of {list(CELLS)} (default here: %(default)s)")
-  parser.add_argument("--dtypes", default=defaults["dtypes"],
-                      help=f"comma list of {list(DTYPES)} (default here: %(default)s)")
-  parser.add_argument("--repeats", type=int, default=defaults["repeats"])
-  parser.add_argument("--pause", type=float, default=defaults["pause"],
-                      help="seconds idle before each timed call (default here: %(default)s)")
-  args = parser.parse_args()
+def cells_section(args, backend: str, device: torch.device):
+  """The table of our RNN / LSTM / GRU layers against their peers (module docstring)."""
   shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
-  for name, values, known in (("shape", shapes, SHAPES), ("cell", args.cells.split(","), CELLS),
-                              ("dtype", args.dtypes.split(","), DTYPES)):
-    if unknown := [v for v in values if v not in known]:
-      parser.error(f"unknown {name} {unknown}; choose from {list(known)}")
-
-  device = torch.device("cuda" if backend == "gpu" and torch.cuda.is_available() else "cpu")
-  torch.set_num_threads(os.cpu_count())
   print(header(backend, device, args.repeats) + "\n")
   print("| shape B,T,D,H,layers,bidir | cell | dtype | ours ms | peer | peer ms | ours / peer |")
   print("|---|---|---|---|---|---|---|")
@@ -263,6 +288,123 @@ def main():
     worst, where = max(goal_ratios)
     print(f"\nGoal ours / torch cuDNN <= {GOAL}: met at {met} of {len(goal_ratios)} rows; "
           f"worst {worst:.2f} at {where}")
+
+
+def linear_timings(shape: tuple[int, int, int], lengths: list[int], repeats: int,
+                   pause: float) -> float:
+  """Prints the CPU table; returns the smaller stepwise / parallel ratio (LRU, S5) at the
+  longest T."""
+  batch, width, states = shape
+  print(f"{jax.default_backend()} ({jax.devices()[0].device_kind}, {os.cpu_count()} cores): "
+        f"jax {jax.__version__}; forward + backward, x [{batch}, T, {width}], N = {states}; "
+        f"medians of {repeats} interleaved rounds\n")
+  print("| T | layer | parallel ms | stepwise ms | stepwise / parallel | GRU ms | "
+        "GRU / parallel |")
+  print("|---|---|---|---|---|---|---|")
+  goal = 0.0
+  for steps in lengths:
+    rng = np.random.default_rng(0)
+    x, cotangent = (jnp.asarray(rng.standard_normal((batch, steps, width), dtype=np.float32))
+                    for _ in range(2))
+    fns = {name: jax_step(make(width, states), x, cotangent) for name, make in LINEAR_LAYERS.items()}
+    ms = median_ms(fns, repeats, pause)
+    ratios = []
+    for layer in ("LRU", "S5"):
+      parallel, stepwise = ms[f"{layer} parallel"], ms[f"{layer} stepwise"]
+      ratios.append(stepwise / parallel)
+      print(f"| {steps} | {layer} | {parallel:.1f} | {stepwise:.1f} | {stepwise / parallel:.2f} | "
+            f"{ms['GRU']:.1f} | {ms['GRU'] / parallel:.2f} |", flush=True)
+    goal = min(ratios)
+    del fns
+  return goal
+
+
+def linear_compiled(shape: tuple[int, int, int], lengths: list[int], target_name: str) -> None:
+  """Prints XLA's per-chip bytes and FLOPs of each step compiled for `target_name`."""
+  batch, width, states = shape
+  print(f"\nCompiled for {target_name} without the chip (research.aot), forward + backward, "
+        f"x [{batch}, T, {width}], N = {states}:\n")
+  try:
+    target = targets.get(target_name)
+    device = targets.devices_of(target)[0]
+  except (ValueError, targets.TargetUnavailable) as error:
+    print(f"skipped: {error}")
+    return
+  sharding = SingleDeviceSharding(device)
+  on_chip = lambda tree: jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
+  print("| T | layer | per-chip MiB (temporaries) | fits | GFLOP |")
+  print("|---|---|---|---|---|")
+  for steps in lengths:
+    x = jax.ShapeDtypeStruct((batch, steps, width), jnp.float32)
+    for name, make in LINEAR_LAYERS.items():
+      model = make(width, states)
+      variables = jax.eval_shape(model.init, jax.random.key(0), x)
+      grad = jax.jit(jax.grad(output_loss(model), argnums=(0, 1)))
+      compiled = grad.lower(on_chip(variables), on_chip(x), on_chip(x)).compile()
+      r = report.analyze(compiled, targets.memory_bytes(target))
+      flops = "—" if r["flops"] is None else f"{r['flops'] / 1e9:.3f}"
+      print(f"| {steps} | {name} | {r['bytes']['total'] / 2**20:.1f} "
+            f"({r['bytes']['temp'] / 2**20:.1f}) | {'yes' if r['fits'] else 'no'} | {flops} |",
+            flush=True)
+
+
+def linear_section(args) -> None:
+  """LRU and S5, parallel against stepwise, and our GRU (module docstring)."""
+  shape = tuple(int(v) for v in args.linear_shape.split(","))
+  lengths = [int(t) for t in args.lengths.split(",")]
+  goal = linear_timings(shape, lengths, args.linear_repeats, args.pause)
+  met = "met" if goal >= LINEAR_GOAL else "not met"
+  print(f"\nGoal stepwise / parallel >= {LINEAR_GOAL} at T = {lengths[-1]} (LRU and S5): {met}, "
+        f"smallest {goal:.2f}")
+  if args.compile_target:
+    linear_compiled(shape, [int(t) for t in args.compile_lengths.split(",")],
+                    args.compile_target)
+
+
+def main():
+  backend = jax.default_backend()
+  defaults = DEFAULTS.get(backend, DEFAULTS["cpu"])
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--section", default="cells", choices=("cells", "linear", "all"),
+                      help="the RNN / LSTM / GRU table against peers, the linear recurrences', "
+                           "or both (default: %(default)s)")
+  parser.add_argument("--shapes", default=defaults["shapes"],
+                      help=f"comma list of {list(SHAPES)}, or all (default here: %(default)s)")
+  parser.add_argument("--cells", default=defaults["cells"],
+                      help=f"comma list of {list(CELLS)} (default here: %(default)s)")
+  parser.add_argument("--dtypes", default=defaults["dtypes"],
+                      help=f"comma list of {list(DTYPES)} (default here: %(default)s)")
+  parser.add_argument("--repeats", type=int, default=defaults["repeats"])
+  parser.add_argument("--pause", type=float, default=defaults["pause"],
+                      help="seconds idle before each timed call (default here: %(default)s)")
+  parser.add_argument("--linear_shape", default="1,32,32",
+                      help="linear section: B,H,N, batch, width and states (default: %(default)s)")
+  parser.add_argument("--lengths", default="1024,4096,16384",
+                      help="linear section: comma list of T (default: %(default)s)")
+  parser.add_argument("--linear_repeats", type=int, default=5,
+                      help="linear section: interleaved rounds per T (default: %(default)s)")
+  parser.add_argument("--compile_target", default="tpu-v5e-1",
+                      help="linear section: the research.aot target to compile for, or '' for "
+                           "none (default: %(default)s)")
+  parser.add_argument("--compile_lengths", default="16384",
+                      help="linear section: comma list of T compiled for the target "
+                           "(default: %(default)s)")
+  args = parser.parse_args()
+  shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+  for name, values, known in (("shape", shapes, SHAPES), ("cell", args.cells.split(","), CELLS),
+                              ("dtype", args.dtypes.split(","), DTYPES)):
+    if unknown := [v for v in values if v not in known]:
+      parser.error(f"unknown {name} {unknown}; choose from {list(known)}")
+
+  device = torch.device("cuda" if backend == "gpu" and torch.cuda.is_available() else "cpu")
+  torch.set_num_threads(os.cpu_count())
+  if args.section in ("cells", "all"):
+    cells_section(args, backend, device)
+  if args.section == "all":
+    print()
+  if args.section in ("linear", "all"):
+    linear_section(args)
 
 
 if __name__ == "__main__":

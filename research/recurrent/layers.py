@@ -32,6 +32,18 @@ from research.recurrent.cells import GRUCell, LSTMCell, RecurrentCell, SimpleRNN
 Array = jax.Array
 
 
+def valid_mask(seq_lengths: Array | None, batch: int, num_steps: int) -> Array | None:
+  """[batch, time] bool, True at t < seq_lengths[b]; None without lengths."""
+  if seq_lengths is None:
+    return None
+  seq_lengths = jnp.asarray(seq_lengths)
+  if seq_lengths.shape != (batch,):
+    raise ValueError(f"seq_lengths must have shape (batch,) = ({batch},), got {seq_lengths.shape}")
+  if not jnp.issubdtype(seq_lengths.dtype, jnp.integer):
+    raise ValueError(f"seq_lengths must be integers, got dtype {seq_lengths.dtype}")
+  return jnp.arange(num_steps)[None, :] < seq_lengths[:, None]
+
+
 class RecurrentLayer(nn.Module):
   """Shared body of `RNN`, `LSTM` and `GRU`; subclasses say which cell to stack."""
   hidden_size: int                 # H, features of each hidden state
@@ -76,7 +88,7 @@ class RecurrentLayer(nn.Module):
     has_c = cells[0][0].equations.has_cell_state
     out_size = cells[0][0].out_features
     h0, c0 = self._initial_state(initial_state, has_c, batch, out_size, unbatched)
-    valid = self._valid_mask(seq_lengths, batch, num_steps)
+    valid = valid_mask(seq_lengths, batch, num_steps)
 
     h_n, c_n = [], []
     for layer, directions in enumerate(cells):
@@ -126,18 +138,6 @@ class RecurrentLayer(nn.Module):
                          f"{(k, batch, size)}, got {state.shape}")
       states[name] = state.astype(jnp.float32)
     return states["h0"], states.get("c0")
-
-  @staticmethod
-  def _valid_mask(seq_lengths, batch, num_steps) -> Array | None:
-    """[batch, time] bool, True at t < seq_lengths[b]; None without lengths."""
-    if seq_lengths is None:
-      return None
-    seq_lengths = jnp.asarray(seq_lengths)
-    if seq_lengths.shape != (batch,):
-      raise ValueError(f"seq_lengths must have shape (batch,) = ({batch},), got {seq_lengths.shape}")
-    if not jnp.issubdtype(seq_lengths.dtype, jnp.integer):
-      raise ValueError(f"seq_lengths must be integers, got dtype {seq_lengths.dtype}")
-    return jnp.arange(num_steps)[None, :] < seq_lengths[:, None]
 
 
 class RNN(RecurrentLayer):
