@@ -1,7 +1,9 @@
 """S5 (Smith et al. 2023): the PyPI package s5-pytorch as the reference (its S5 with our
 parameters copied in: zero-order hold, associative scan in torch, bidirectional), HiPPO-N
 against the HiPPO-LegS matrix built here from its definition and against s5-pytorch's
-eigendecomposition, and the forms, padding, causality and dtypes against each other."""
+eigendecomposition, and the two forms and the single steps against each other. Padding
+against each sequence alone, causality and dtypes run through the body S5 shares with LRU
+(`DiagonalSSM`) and are tested in test_lru.py."""
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +13,6 @@ import torch
 from linear_checks import (
   FORWARD_TOL,
   GRAD_TOL,
-  assert_causal,
-  assert_padding_is_each_sequence_alone,
   assert_parallel_equals_stepwise,
   assert_steps_equal_sequence,
   compiled,
@@ -152,26 +152,6 @@ def test_step_by_step_equals_the_sequence():
   module, variables = make()
   h0 = randn(5, B, N // 2) + 1j * randn(6, B, N // 2)
   assert_steps_equal_sequence(run, step, module, variables, randn(0, B, T, H), h0)
-
-
-def test_padding_equals_each_sequence_alone_in_both_directions():
-  module, variables = make(bidirectional=True)
-  assert_padding_is_each_sequence_alone(run, module, variables, randn(0, B, T, H), [T, 2],
-                                        state_batch_axis=1)
-
-
-def test_causal():
-  module, variables = make()
-  assert_causal(run, module, variables, randn(0, B, T, H), t0=3)
-
-
-def test_bfloat16_computation():
-  module, variables = make()
-  x = randn(0, B, T, H)
-  y, state = run(module.clone(dtype=jnp.bfloat16), variables, x)
-  y32, _ = run(module, variables, x)
-  assert y.dtype == jnp.bfloat16 and state.dtype == jnp.complex64
-  np.testing.assert_allclose(y.astype(jnp.float32), y32, rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("kwargs, message", [
