@@ -86,6 +86,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.num_heads = 4              # transformer: attention heads
   config.model.mlp_ratio = 4              # transformer: MLP width / hidden_size
   config.model.window = 0                 # transformer: 0 full causal, w > 0 sliding window
+  config.model.state_size = 64            # --config.model.kind=lru | s5: complex states per block
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dropout = 0.0              # between recurrent layers / on transformer branches
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16

@@ -33,10 +33,13 @@ Variant arguments (comma-separated key=value):
   preset     lra | cpu                                                  (default lra)
   attention  full | local | longformer | sparse | bigbird | linformer | memory_compressed |
              linear | performer | synthesizer | sinkhorn | reformer    (default full)
+  kind       transformer | lru | s5: the blocks' mixer, self-attention or a bidirectional
+             linear recurrence in its place (default transformer)
 """
 
 import ml_collections
 
+from research.models.encoder_classifier import CLASSIFIER_KINDS
 from research.models.self_attention import ATTENTIONS
 from research.training.config import base_config, parse_variants
 
@@ -56,11 +59,12 @@ PRESETS = {
         model=dict(num_layers=2, hidden_size=64, num_heads=2, mlp_size=128, norm="pre",
                    dropout_rate=0.0, window=32, proj_len=64, block_size=16)),
 }
-VARIANTS = {"preset": "lra", "attention": "full"}
+VARIANTS = {"preset": "lra", "attention": "full", "kind": "transformer"}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variant = parse_variants(arg, VARIANTS, {"preset": tuple(PRESETS), "attention": ATTENTIONS})
+  variant = parse_variants(arg, VARIANTS, {"preset": tuple(PRESETS), "attention": ATTENTIONS,
+                                           "kind": CLASSIFIER_KINDS})
   preset = PRESETS[variant["preset"]]
   config = base_config()
   config.experiment = "listops"
@@ -80,6 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data.update(preset["data"])
 
   config.model = ml_collections.ConfigDict()   # research.models.EncoderClassifier's fields
+  config.model.kind = variant["kind"]    # transformer | lru | s5 (a linear recurrence per block)
   config.model.attention = variant["attention"]
   config.model.num_layers = 0
   config.model.hidden_size = 0
@@ -91,6 +96,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.block_size = 0            # sparse / bigbird / sinkhorn block, reformer's chunk
   config.model.num_features = 256        # performer's random features per head
   config.model.num_hashes = 2            # reformer's hash rounds
+  config.model.state_size = 64           # lru / s5: complex states N per block
   config.model.positions = "learned"     # learned | sinusoidal
   config.model.norm = "post"             # post (LRA) | pre
   config.model.pooling = "cls"           # cls | mean
@@ -102,5 +108,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def get_sweep() -> list[dict]:
-  """Every attention variant, on the config's preset."""
-  return [{"model.attention": attention} for attention in ATTENTIONS]
+  """Every attention, then the linear recurrences in its place, on the config's preset."""
+  return [*({"model.attention": attention} for attention in ATTENTIONS),
+          *({"model.kind": kind} for kind in CLASSIFIER_KINDS if kind != "transformer")]

@@ -111,6 +111,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.num_heads = 4              # transformer attention heads
   config.model.attention = "full"         # transformer attention pattern: full | local (window)
   config.model.window = 0                 # half-width of local attention (0 with full)
+  config.model.state_size = 64            # --config.model.kind=lru | s5: complex states per block
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
   return config

@@ -57,7 +57,7 @@ from research.attention import implementation_names
 from research.data import python_corpus
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError, InputError
-from research.models.kinds import KINDS
+from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel, sample
 from research.experiments.registry import register
 from research.training.experiment import Report, Workload
@@ -229,7 +229,7 @@ def test_metrics(config, model: LanguageModel, params, texts: list[bytes]) -> di
   """test/* of the module docstring on texts (the test split, or its first test_bytes)."""
   d, started = config.data, time.perf_counter()
   tokens, scored = lanes(texts, d.test_lanes)
-  if model.kind == "transformer":
+  if model.kind in BLOCK_KINDS:      # no carried state: windows of the context
     nats = sliding_window_nats(model, params, tokens, scored, d.context,
                                d.test_stride or max(d.context // 2, 1), config.train.batch_size)
   else:

@@ -31,7 +31,12 @@ from research.attention import implementation_names
 from research.data import listops
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError, InputError
-from research.models.encoder_classifier import POOLINGS, POSITIONS, EncoderClassifier
+from research.models.encoder_classifier import (
+  CLASSIFIER_KINDS,
+  POOLINGS,
+  POSITIONS,
+  EncoderClassifier,
+)
 from research.models.self_attention import ATTENTIONS
 from research.models.transformer_block import NORMS
 from research.experiments.registry import register
@@ -54,13 +59,14 @@ LRA_TABLE_1 = {"full": 36.37, "local": 15.82, "sparse": 17.07, "longformer": 35.
 def validate(config) -> None:
   """Raises ConfigError for a bad config.data / config.model value, naming the key."""
   d = config.data
-  for key, allowed in (("attention", ATTENTIONS), ("positions", POSITIONS), ("norm", NORMS),
+  for key, allowed in (("kind", CLASSIFIER_KINDS), ("attention", ATTENTIONS), ("positions", POSITIONS), ("norm", NORMS),
                        ("pooling", POOLINGS), ("implementation", implementation_names()),
                        ("dtype", COMPUTE_DTYPES)):
     check_choice(config, f"model.{key}", allowed)
   check_positive(config, "model.num_layers", "model.hidden_size", "model.num_heads",
                  "model.mlp_size", "model.window", "model.proj_len", "model.compression",
                  "model.block_size", "model.num_features", "model.num_hashes",
+                 "model.state_size",
                  "data.max_length", "data.length_buckets", "data.train_examples",
                  "data.eval_examples", "data.test_examples")
   check_positive(config, "model.dropout_rate", "data.min_tree_length", allow_zero=True)

@@ -8,7 +8,8 @@
 
 Each block is a `TransformerBlock` (pre- or post-norm, dropout on both branches and on
 the MLP's hidden units) whose self-attention is one of `self_attention.ATTENTIONS`, every
-variant masking the padding (keys t ≥ length).
+variant masking the padding (keys t ≥ length); with kind "lru" or "s5" a bidirectional
+linear recurrence takes the self-attention's place (recurrent_mixer.py).
 
 Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters.
 """
@@ -20,12 +21,14 @@ import jax
 import jax.numpy as jnp
 
 from research.models.positions import sinusoidal_positions
+from research.models.recurrent_mixer import LINEAR_RECURRENT, block_mixer
 from research.models.self_attention import ATTENTIONS, self_attention
 from research.models.transformer_block import NORMS, TransformerBlock
 
 Array = jax.Array
 POSITIONS = ("learned", "sinusoidal")
 POOLINGS = ("cls", "mean")
+CLASSIFIER_KINDS = ("transformer", *LINEAR_RECURRENT)
 
 
 class EncoderClassifier(nn.Module):
@@ -37,7 +40,9 @@ class EncoderClassifier(nn.Module):
   hidden_size: int = 512            # F
   num_heads: int = 8
   mlp_size: int = 2048
-  attention: str = "full"           # one of ATTENTIONS
+  kind: str = "transformer"         # the blocks' mixer: "transformer" (self-attention), "lru", "s5"
+  attention: str = "full"           # kind "transformer": one of ATTENTIONS
+  state_size: int = 64              # kinds "lru" / "s5": complex states N per block
   window: int = 64                  # local / longformer half-width
   proj_len: int = 256               # linformer's projected length k
   compression: int = 4              # memory_compressed's c
@@ -53,7 +58,8 @@ class EncoderClassifier(nn.Module):
   dtype: Any = "float32"            # dtype of the matrix products
 
   def check(self):
-    for name, allowed in (("attention", ATTENTIONS), ("positions", POSITIONS), ("norm", NORMS),
+    for name, allowed in (("kind", CLASSIFIER_KINDS), ("attention", ATTENTIONS),
+                          ("positions", POSITIONS), ("norm", NORMS),
                           ("pooling", POOLINGS)):
       if getattr(self, name) not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -75,13 +81,14 @@ class EncoderClassifier(nn.Module):
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(
         x + table[:x.shape[1]].astype(x.dtype))
     for layer in range(self.num_layers):
-      attention = self_attention(self.attention, num_heads=self.num_heads,
-                                 features=self.hidden_size, window=self.window,
-                                 max_length=max_length, proj_len=self.proj_len,
-                                 compression=self.compression, block_size=self.block_size,
-                                 num_features=self.num_features, num_hashes=self.num_hashes,
-                                 layer=layer, implementation=self.implementation, dtype=dtype)
-      x = TransformerBlock(attention, self.mlp_size, norm=self.norm,
+      mixer = block_mixer(self.kind, lambda: self_attention(
+          self.attention, num_heads=self.num_heads, features=self.hidden_size,
+          window=self.window, max_length=max_length, proj_len=self.proj_len,
+          compression=self.compression, block_size=self.block_size,
+          num_features=self.num_features, num_hashes=self.num_hashes, layer=layer,
+          implementation=self.implementation, dtype=dtype),
+                          state_size=self.state_size, dtype=dtype)
+      x = TransformerBlock(mixer, self.mlp_size, norm=self.norm,
                            dropout_rate=self.dropout_rate,
                            activation_dropout_rate=self.dropout_rate, dtype=dtype,
                            name=f"layer{layer}")(x, lengths, train=train)

@@ -1,11 +1,15 @@
-"""`model.kind`: the sequence mixer of a model, a recurrent stack or a transformer.
+"""`model.kind`: the sequence mixer of a model.
 
   rnn | lstm | gru   research.recurrent's layers (Elman tanh RNN, LSTM, GRU), stepped
-                     through time
-  transformer        TransformerBlocks of self-attention and an MLP
+                     through time with a carried state
+  transformer        blocks of self-attention and an MLP (TransformerBlock)
+  lru | s5           the same blocks with a linear recurrence in the place of the
+                     self-attention (recurrent_mixer.py), parallel over time
 """
 
+from research.models.recurrent_mixer import LINEAR_RECURRENT
 from research.recurrent import GRU, LSTM, RNN
 
 RECURRENT = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
-KINDS = (*RECURRENT, "transformer")
+BLOCK_KINDS = ("transformer", *LINEAR_RECURRENT)
+KINDS = (*RECURRENT, *BLOCK_KINDS)

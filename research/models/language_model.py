@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from research.models.kinds import KINDS, RECURRENT
+from research.models.kinds import BLOCK_KINDS, KINDS, RECURRENT
+from research.models.recurrent_mixer import block_mixer
 from research.models.positions import sinusoidal_positions
 from research.models.self_attention import self_attention
 from research.models.transformer_block import TransformerBlock
@@ -36,7 +37,7 @@ VOCAB_SIZE = 256                 # bytes
 
 class LanguageModel(nn.Module):
   """bytes [B, L] (ints 0 … 255) -> (logits [B, L, 256], carry); see the module docstring."""
-  kind: str                      # "rnn", "lstm", "gru" or "transformer"
+  kind: str                      # one of KINDS: "rnn", "lstm", "gru", "transformer", "lru", "s5"
   hidden_size: int               # recurrent state / transformer features F
   num_layers: int = 1            # recurrent layers / transformer blocks
   embed_size: int = 64           # recurrent: byte embedding size (transformer: hidden_size)
@@ -46,11 +47,12 @@ class LanguageModel(nn.Module):
                                  # w bytes before (sliding window)
   implementation: str = "auto"   # transformer: research.attention implementation
   dropout: float = 0.0           # between recurrent layers / on transformer branches (train)
+  state_size: int = 64           # lru / s5: complex states N of each block's (causal) recurrence
   dtype: Any = "float32"         # dtype of the matrix products ("float32", "bfloat16")
 
   def initial_carry(self, batch_size: int) -> Any:
     """The zero state of the recurrent kinds for batch_size texts (None for the transformer)."""
-    if self.kind == "transformer":
+    if self.kind in BLOCK_KINDS:
       return None
     h = jnp.zeros((self.num_layers, batch_size, self.hidden_size), jnp.float32)
     return (h, h) if self.kind == "lstm" else h
@@ -65,9 +67,9 @@ class LanguageModel(nn.Module):
     """
     if self.kind not in KINDS:
       raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
-    if self.kind == "transformer":
+    if self.kind in BLOCK_KINDS:
       if carry is not None:
-        raise ValueError("the transformer has no carry; pass carry=None")
+        raise ValueError(f"the {self.kind} blocks have no carry; pass carry=None")
       x = self.decode(tokens, train=train)
     else:
       x = nn.Embed(VOCAB_SIZE, self.embed_size, dtype=self.dtype, name="embed")(tokens)
@@ -82,11 +84,12 @@ class LanguageModel(nn.Module):
     x = nn.Embed(VOCAB_SIZE, self.hidden_size, dtype=self.dtype, name="embed")(tokens)
     x = x + sinusoidal_positions(tokens.shape[1], self.hidden_size).astype(x.dtype)
     x = nn.Dropout(self.dropout, deterministic=not train)(x)
-    attention = self_attention("local" if self.window else "full", num_heads=self.num_heads,
-                               features=self.hidden_size, window=self.window,
-                               implementation=self.implementation, dtype=self.dtype)
+    mixer = block_mixer(self.kind, lambda: self_attention(
+        "local" if self.window else "full", num_heads=self.num_heads,
+        features=self.hidden_size, window=self.window, implementation=self.implementation,
+        dtype=self.dtype), state_size=self.state_size, dtype=self.dtype)
     for layer in range(self.num_layers):
-      x = TransformerBlock(attention, self.mlp_ratio * self.hidden_size, is_causal=True,
+      x = TransformerBlock(mixer, self.mlp_ratio * self.hidden_size, is_causal=True,
                            dropout_rate=self.dropout, dtype=self.dtype,
                            name=f"block{layer}")(x, train=train)
     return nn.LayerNorm(name="final_norm")(x)
@@ -116,7 +119,7 @@ def sample(model: LanguageModel, params, prompt: Array, rng: Array, *, length: i
 
   keys = jax.random.split(rng, length)
   apply = lambda tokens, carry: model.apply({"params": params}, tokens, carry)
-  if model.kind != "transformer":
+  if model.kind not in BLOCK_KINDS:
     logits, carry = apply(prompt, model.initial_carry(batch))
 
     def step(state, key):

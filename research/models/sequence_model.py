@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from research.models.kinds import KINDS, RECURRENT
+from research.models.recurrent_mixer import block_mixer
 from research.models.positions import sinusoidal_positions
 from research.models.self_attention import self_attention
 from research.models.transformer_block import TransformerBlock
@@ -34,7 +35,7 @@ class SequenceModel(nn.Module):
 
   Returns [B, L, num_outputs] with head "per_position", [B, num_outputs] with "last".
   """
-  kind: str                      # "rnn", "lstm", "gru" or "transformer"
+  kind: str                      # one of KINDS: "rnn", "lstm", "gru", "transformer", "lru", "s5"
   hidden_size: int               # recurrent state / transformer features F
   num_layers: int                # recurrent layers / transformer blocks
   num_outputs: int               # classes, or 1 for a scalar
@@ -44,6 +45,7 @@ class SequenceModel(nn.Module):
   attention: str = "full"        # transformer attention pattern: "full" or "local"
   implementation: str = "auto"   # research.attention implementation of the attention
   window: int = 0                # half-width of "local" attention
+  state_size: int = 64           # lru / s5: complex states N of each block's recurrence
   dtype: Any = "float32"         # dtype of the matrix products ("float32", "bfloat16")
 
   @nn.compact
@@ -72,10 +74,11 @@ class SequenceModel(nn.Module):
     else:
       x = nn.Embed(self.vocab_size, self.hidden_size, dtype=self.dtype, name="embed")(inputs)
     x = x + sinusoidal_positions(x.shape[1], self.hidden_size).astype(x.dtype)
-    attention = self_attention(self.attention, num_heads=self.num_heads,
-                               features=self.hidden_size, window=self.window,
-                               implementation=self.implementation, dtype=self.dtype)
+    mixer = block_mixer(self.kind, lambda: self_attention(
+        self.attention, num_heads=self.num_heads, features=self.hidden_size,
+        window=self.window, implementation=self.implementation, dtype=self.dtype),
+                        state_size=self.state_size, dtype=self.dtype)
     for layer in range(self.num_layers):
-      x = TransformerBlock(attention, 4 * self.hidden_size, dtype=self.dtype,
+      x = TransformerBlock(mixer, 4 * self.hidden_size, dtype=self.dtype,
                            name=f"block{layer}")(x)
     return nn.LayerNorm(name="final_norm")(x)

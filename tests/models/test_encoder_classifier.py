@@ -32,10 +32,12 @@ def _tokens(seed, batch, length):
 
 @pytest.mark.parametrize("attention,pooling,norm,positions", [
     *((attention, "cls", "post", "learned") for attention in ATTENTIONS),
-    ("local", "mean", "pre", "sinusoidal")])
+    ("local", "mean", "pre", "sinusoidal"), ("lru", "mean", "pre", "learned"),
+    ("s5", "cls", "post", "learned")])
 def test_padding_changes_nothing(attention, pooling, norm, positions):
-  model = _model(attention=attention, pooling=pooling, norm=norm, positions=positions,
-                 num_layers=1)
+  kind = attention if attention in ("lru", "s5") else "transformer"
+  model = _model(attention="full" if kind != "transformer" else attention, kind=kind,
+                 pooling=pooling, norm=norm, positions=positions, num_layers=1, state_size=4)
   tokens, lengths = _tokens(0, 2, 13), jnp.array([13, 9])
   padded = jnp.pad(tokens, ((0, 0), (0, 11))).at[1, 9:].set(0)          # more padding
   garbage = padded.at[:, 13:].set(7).at[1, 9:].set(5)                     # padding's content

@@ -60,6 +60,19 @@ def test_the_transformer_is_causal_and_windowed(window):
   assert np.all(difference[reach:] == 0)
 
 
+@pytest.mark.parametrize("kind", ["lru", "s5"])
+def test_linear_recurrence_blocks_are_causal_with_no_carry(kind):
+  """lru / s5 blocks run the recurrence forward only: changing byte j leaves the logits
+  before j untouched and changes every one from j on (the state carries it)."""
+  model, params = make(kind)
+  tokens, j = byte_tokens(2, 16), 6
+  both, carry = jax.jit(model.apply)({"params": params}, jnp.concatenate(
+      [tokens, tokens.at[:, j].set((tokens[:, j] + 1) % 256)]))
+  assert carry is None and model.initial_carry(2) is None
+  difference = np.abs(np.asarray(both[2:] - both[:2])).max(axis=(0, 2))
+  assert np.all(difference[:j] == 0) and np.all(difference[j:] > 0)
+
+
 @pytest.mark.parametrize("kind,context", [("lstm", 64), ("transformer", 6)])
 def test_greedy_sampling_takes_the_argmax_of_a_whole_pass_over_its_window(kind, context):
   """Drawn byte t + 1 is the argmax of the logits at t of one pass over the `context`
