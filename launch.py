@@ -77,6 +77,17 @@ def load_config(spec: str):
                       f"{type(error).__name__}: {error}") from error
 
 
+def sweep_points(module) -> list:
+  """The config module's get_sweep(); ConfigError if it has none or it fails."""
+  if not hasattr(module, "get_sweep"):
+    raise ConfigError(f"--sweep: {module.__file__} defines no get_sweep(); --sweep needs one")
+  try:
+    return module.get_sweep()
+  except Exception as error:  # noqa: BLE001 - any failure of the file is the config's
+    raise ConfigError(f"--sweep: {module.__file__}: get_sweep() failed: "
+                      f"{type(error).__name__}: {error}") from error
+
+
 def split_config_flag(argv: list[str]) -> tuple[str, list[str]]:
   """(the --config value or the default, argv without it); --config.key=value stays."""
   rest, spec, i = [], DEFAULT_CONFIG, 0
@@ -159,9 +170,7 @@ def main(config, module, name: str, verbose: bool) -> None:
     distributed.initialize(config)
     start_backends(verbose)
     if _SWEEP.value:
-      if not hasattr(module, "get_sweep"):
-        raise ConfigError(f"{module.__file__} defines no get_sweep(); --sweep needs one")
-      run_sweep(config, module.get_sweep(), workdir, task)
+      run_sweep(config, sweep_points(module), workdir, task)
       print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
     else:
       final = train_and_evaluate(config, workdir, task)

@@ -44,11 +44,15 @@ from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
   check_divides,
+  check_host_memory,
   check_positive,
 )
 
 SPLITS = ("train", "val", "test")
 BUCKET_MULTIPLE = 64
+# LRA's recipe draws trees longer than 5000 tokens less than once in 10 000 draws (the
+# longest of 300 000 draws with seed 0: 5883): shorter minimums only.
+MAX_MIN_TREE_LENGTH = 5000
 # Test accuracy (%) in LRA's Table 1 (Tay et al., ICLR 2021) for our attention variants.
 LRA_TABLE_1 = {"full": 36.37, "local": 15.82, "linformer": 35.70, "longformer": 35.63}
 
@@ -69,11 +73,43 @@ def validate(config) -> None:
   if not d.min_tree_length < d.max_tree_length - 1:
     raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} and max_tree_length="
                       f"{d.max_tree_length} leave no length strictly between them")
+  if d.min_tree_length >= MAX_MIN_TREE_LENGTH:
+    raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} must be below "
+                      f"{MAX_MIN_TREE_LENGTH}: LRA's recipe draws a longer tree less than once "
+                      "in 10 000 trees, so generating the splits would not end")
   if d.files and not os.path.isdir(d.files):
     raise ConfigError(f"config.data.files={d.files!r} is not a directory; give one holding "
                       "train.tsv, val.tsv, test.tsv (or LRA's basic_*.tsv), or '' to generate")
   if d.files:
     _split_paths(d.files)
+  else:
+    check_token_memory(config, d.train_examples + d.eval_examples + d.test_examples,
+                       "config.data.max_length and config.data.*_examples")
+    if generates_data(config):
+      _check_writable(d.dir)
+
+
+def check_token_memory(config, examples: int, keys: str) -> None:
+  """The token arrays of `examples` examples (and the evaluation batches' copies) must fit
+  the host's memory."""
+  max_length = config.data.max_length
+  check_host_memory(2 * examples * max_length * 4, f"the token arrays of {examples} examples "
+                    f"of up to {max_length} tokens (int32)", keys)
+
+
+def _check_writable(directory: str) -> None:
+  """config.data.dir must be, or be made under, a directory we can write."""
+  target = existing = os.path.abspath(directory or ".")
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    where = "a file" if existing == target else f"under the file {existing!r}"
+    raise ConfigError(f"config.data.dir={directory!r} is {where}; give a directory for the "
+                      "generated ListOps splits, or your own with config.data.files")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f"config.data.dir={directory!r} cannot be written ({existing} is not "
+                      "writable); give a directory for the generated ListOps splits, or your "
+                      "own with config.data.files")
 
 
 def _split_paths(directory: str) -> dict[str, str]:
@@ -100,17 +136,35 @@ def generated_directory(config) -> str:
                       f"{d.train_examples}-{d.eval_examples}-{d.test_examples}-seed{d.seed}")
 
 
+def _generated_paths(config) -> dict[str, str]:
+  directory = generated_directory(config)
+  return {split: os.path.join(directory, f"{split}.tsv") for split in SPLITS}
+
+
+def generates_data(config) -> bool:
+  """Whether building config's task generates its splits (minutes): no user files, and
+  the generated ones not written yet."""
+  return not config.data.files and not all(map(os.path.isfile,
+                                                _generated_paths(config).values()))
+
+
 def split_files(config) -> dict[str, str]:
   """split -> TSV path: the user's files, or the generated ones (written on first use)."""
   if config.data.files:
     return _split_paths(config.data.files)
-  directory = generated_directory(config)
-  paths = {split: os.path.join(directory, f"{split}.tsv") for split in SPLITS}
-  if not all(os.path.isfile(p) for p in paths.values()):
+  paths = _generated_paths(config)
+  if generates_data(config):
     d = config.data
     sizes = (d.train_examples, d.eval_examples, d.test_examples)
-    listops.write_splits(directory, d.seed, tuple(zip(SPLITS, sizes, strict=True)),
-                         (d.min_tree_length, d.max_tree_length))
+    try:
+      listops.write_splits(generated_directory(config), d.seed,
+                           tuple(zip(SPLITS, sizes, strict=True)),
+                           (d.min_tree_length, d.max_tree_length))
+    except OSError as error:
+      raise ConfigError(f"config.data.dir={d.dir!r}: cannot write the generated splits to "
+                        f"{error.filename or generated_directory(config)} ("
+                        f"{error.strerror or error}); give a directory you can write to"
+                        ) from None
   return paths
 
 
@@ -120,18 +174,23 @@ class Data(NamedTuple):
   boundaries: tuple[int, ...]                # ascending bucket bounds, the last max_length
 
 
-def encode(path: str, brackets: bool, max_length: int) -> dict[str, np.ndarray]:
-  """A TSV split -> int32 tokens [N, max_length] (0-padded, truncated), lengths, labels."""
+def encode(pairs: list[tuple[str, int]], path: str, brackets: bool, max_length: int
+           ) -> dict[str, np.ndarray]:
+  """A split's (source, label) pairs, read from `path` -> int32 tokens [N, max_length]
+  (0-padded, truncated), lengths, labels.
+
+  InputError naming path:line for a source without a token or with a token outside
+  ListOps' vocabulary (anywhere in it, kept or truncated)."""
   ids = {token: i + 1 for i, token in enumerate(listops.vocabulary(brackets))}
-  pairs = listops.read_split(path)
   tokens = np.zeros((len(pairs), max_length), np.int32)
   lengths = np.zeros(len(pairs), np.int32)
   for row, (source, _) in enumerate(pairs):
-    words = listops.tokenize(source, brackets)[:max_length]
+    words = listops.tokenize(source, brackets)
     unknown = [w for w in words if w not in ids]
-    if unknown:
-      raise InputError(f"{path}:{row + 2}: token {unknown[0]!r} is not ListOps' (allowed: "
-                       f"{' '.join(ids)})")
+    if unknown or not words:
+      found = f"token {unknown[0]!r} is not ListOps'" if unknown else "no ListOps token"
+      raise InputError(f"{path}:{row + 2}: {found} in the source (allowed: {' '.join(ids)})")
+    words = words[:max_length]
     tokens[row, :len(words)] = [ids[w] for w in words]
     lengths[row] = len(words)
   return {"tokens": tokens, "lengths": lengths,
@@ -148,8 +207,13 @@ def bucket_boundaries(lengths: np.ndarray, count: int, max_length: int) -> tuple
 
 def load_data(config) -> Data:
   d = config.data
-  splits = {split: encode(path, d.brackets, d.max_length)
-            for split, path in split_files(config).items()}
+  paths = split_files(config)
+  pairs = {split: listops.read_split(path) for split, path in paths.items()}
+  if d.files:
+    check_token_memory(config, sum(map(len, pairs.values())),
+                       f"config.data.max_length with the files of config.data.files={d.files!r}")
+  splits = {split: encode(pairs[split], path, d.brackets, d.max_length)
+            for split, path in paths.items()}
   boundaries = bucket_boundaries(splits["train"]["lengths"], d.length_buckets, d.max_length)
   return Data(splits, len(listops.vocabulary(d.brackets)) + 1, boundaries)
 
@@ -221,4 +285,5 @@ def build(config, data: Data | None = None) -> Task:
 
 
 TASK = register("listops", validate=validate, build=build,
-                build_shapes=lambda config: build(config, placeholder_data(config)))
+                build_shapes=lambda config: build(config, placeholder_data(config)),
+                generates_data=generates_data)

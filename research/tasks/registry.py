@@ -17,12 +17,13 @@ _REGISTRY: dict[str, TaskBuilder] = {}
 
 
 def register(name: str, *, validate: Callable[..., None], build: Callable[..., Task],
-             build_shapes: Callable[..., Task] | None = None) -> TaskBuilder:
-  """Adds a task under `name` (the value of config.task) and returns it (build_shapes: see
-  `research.training.task.TaskBuilder`)."""
+             build_shapes: Callable[..., Task] | None = None,
+             generates_data: Callable[..., bool] | None = None) -> TaskBuilder:
+  """Adds a task under `name` (the value of config.task) and returns it (build_shapes,
+  generates_data: see `research.training.task.TaskBuilder`)."""
   if name in _REGISTRY:
     raise ValueError(f"a task named {name!r} is registered already")
-  _REGISTRY[name] = TaskBuilder(name, validate, build, build_shapes)
+  _REGISTRY[name] = TaskBuilder(name, validate, build, build_shapes, generates_data)
   return _REGISTRY[name]
 
 

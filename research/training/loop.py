@@ -27,8 +27,8 @@ import time
 import jax
 import numpy as np
 
-from research.errors import ConfigError, RunFailed
-from research.training import parallel, plots
+from research.errors import ConfigError, RunFailed, WorkdirError
+from research.training import files, parallel, plots
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.compile import (
@@ -55,6 +55,7 @@ RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                   "distributed.coordinator_address", "distributed.num_processes",
                   "distributed.process_id")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+CONFIG, FINAL_METRICS = "config.json", "final_metrics.json"
 
 
 class Stopped(Exception):
@@ -92,12 +93,12 @@ def train(config, workdir: str, task: TaskBuilder) -> dict:
   Raises WorkdirError, ConfigError (a workdir of another config), InputError (a
   malformed data file), CheckpointMismatchError, Stopped, or a RunFailed.
   """
-  with workdirs.hold(workdir):
+  with workdirs.hold(workdir) as lease:
     _check_config(config, workdir)
-    return _train(config, workdir, task)
+    return _train(config, workdir, task, lease)
 
 
-def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
+def _train(config, workdir: str, task_builder: TaskBuilder, lease: workdirs.Lease) -> dict:
   train, started = config.train, time.perf_counter()
 
   # ---- Task, optimizer, the steps compiled from shapes (refusals before anything runs) ---
@@ -129,8 +130,8 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
                 make_eval_step(task, strategy.axis_name), shapes.params,
                 strategy.abstract_batch(b)))))
 
-  if task_builder.build_shapes is not None:   # the largest step, before making the data
-    largest = task_builder.build_shapes(config)
+  if task_builder.generates_data is not None and task_builder.generates_data(config):
+    largest = task_builder.build_shapes(config)   # the largest step, before making the data
     steps(largest)[0].compile(next(largest.train_data))
     traces.clear()
   task = task_builder.build(config)
@@ -138,8 +139,10 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   host_batch = next(task.train_data)
   train_step.compile(host_batch)
   eval_step.compile(task.eval_data[0])
-  _write_config(config, workdir)
-  _write_files(task.files, workdir)
+  lease.start()                     # the first write into the workdir (see workdir.hold)
+  with _writing(workdir):
+    _write_config(config, workdir)
+    _write_files(task.files, workdir)
   state = jax.jit(lambda rng: init_state(task, optimizer, rng),
                   out_shardings=strategy.state_sharding)(keys()[0])
 
@@ -204,15 +207,27 @@ def _train(config, workdir: str, task_builder: TaskBuilder) -> dict:
   if task.report is not None:
     report = task.report(jax.device_get(strategy.host_state(state).params))
     final |= report.metrics
-    _write_report(report, workdir)
+    with _writing(workdir):
+      _write_report(report, workdir)
   final |= {"perf/compile_seconds": sum(train_step.seconds), "perf/train_step_traces": len(traces),
             "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")]),
             "perf/step_memory_mib": train_step.memory_mib(), **_peak_memory_mib(),
             "perf/wall_seconds": time.perf_counter() - started}
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
-      json.dump(final, f, indent=2)
+    with _writing(workdir):
+      files.write_json(os.path.join(workdir, FINAL_METRICS), final)
   return final
+
+
+@contextlib.contextmanager
+def _writing(workdir: str):
+  """An OSError of the block (a full disk) as a WriteError naming the file."""
+  try:
+    yield
+  except OSError as error:
+    raise WriteError(f"cannot write {error.filename or workdir} ({error.strerror or error}); "
+                     "make room and run the same command again (it resumes from the last "
+                     "checkpoint)") from error
 
 
 def _peak_memory_mib() -> dict:
@@ -226,9 +241,10 @@ def _peak_memory_mib() -> dict:
 def _check_finite(window: list[dict], first_step: int, last_checkpoint: int | None) -> list[dict]:
   for offset, metrics in enumerate(window):
     if not np.isfinite(metrics["loss"]):
+      kept = ("no checkpoint was written yet" if last_checkpoint is None else
+              f"the last good checkpoint (step {last_checkpoint}) is kept")
       raise NonFiniteLossError(
-          f"loss is {float(metrics['loss'])} at step {first_step + offset}; stopping. The last "
-          f"good checkpoint (step {last_checkpoint}) is kept.")
+          f"loss is {float(metrics['loss'])} at step {first_step + offset}; stopping: {kept}")
   return window
 
 
@@ -287,27 +303,35 @@ def _stop_signals():
 
 
 def _check_config(config, workdir: str) -> None:
-  """A workdir of a different run (other than RESUMABLE_KEYS) is refused."""
-  path = os.path.join(workdir, "config.json")
+  """A workdir of a different run (other than RESUMABLE_KEYS), or whose config.json cannot
+  be read, is refused."""
+  path = os.path.join(workdir, CONFIG)
   new = json.loads(config.to_json_best_effort())
-  if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
-    changed = sorted(k for k in set(_flatten(old)) | set(_flatten(new))
-                     if _flatten(old).get(k) != _flatten(new).get(k) and k not in RESUMABLE_KEYS)
-    if changed:
-      raise ConfigError(f"workdir {workdir} holds a run with a different config (keys "
-                        f"{', '.join(changed)}); use a new --workdir")
+  try:
+    old = files.read_json(path)
+  except FileNotFoundError:
+    return
+  except files.UnreadableFile as error:
+    raise WorkdirError(
+        f"workdir {workdir} cannot be resumed: {error}. It records the config of the run "
+        f"there: put back a whole copy, delete it to run this command's config there (its "
+        f"checkpoints are resumed), or give another --workdir") from None
+  old, new = _flatten(old), _flatten(new)
+  changed = sorted(k for k in set(old) | set(new)
+                   if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
+  if changed:
+    value = lambda flat, k: repr(flat[k]) if k in flat else "absent"
+    shown = "; ".join(f"config.{k} {value(old, k)} there, {value(new, k)} now"
+                      for k in changed[:4])
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    raise ConfigError(f"workdir {workdir} holds a run with a different config ({shown}{more}); "
+                      "use a new --workdir")
 
 
 def _write_config(config, workdir: str) -> None:
   """Writes config.json (once the steps compiled: a refused run leaves the workdir as it was)."""
-  path = os.path.join(workdir, "config.json")
-  new = json.loads(config.to_json_best_effort())
   if jax.process_index() == 0:
-    with open(f"{path}.tmp", "w") as f:      # whole or not at all: other hosts read it
-      json.dump(new, f, indent=2)
-    os.replace(f"{path}.tmp", path)
+    files.write_json(os.path.join(workdir, CONFIG), json.loads(config.to_json_best_effort()))
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -332,5 +356,4 @@ def _write_files(texts: dict[str, str], workdir: str) -> None:
   if jax.process_index() != 0:
     return
   for name, text in texts.items():
-    with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
-      f.write(text)
+    files.write_text(os.path.join(workdir, name), text)

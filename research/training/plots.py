@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from research.training.files import atomic_write  # noqa: E402
 from research.training.task import Heatmap  # noqa: E402
 
 
@@ -24,8 +25,7 @@ def plot_curves(history: list[dict], path: str, names=("train/loss", "eval/loss"
   ax.legend()
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def plot_heatmap(heatmap: Heatmap, path: str) -> None:
@@ -41,8 +41,16 @@ def plot_heatmap(heatmap: Heatmap, path: str) -> None:
   ax.set_title(heatmap.title, fontsize=9)
   fig.colorbar(image, ax=ax)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  _save(fig, path)
+
+
+def _save(fig, path: str) -> None:
+  """The figure as a PNG file, written whole (see research/training/files.py); closes it."""
+  try:
+    with atomic_write(path, "wb") as f:
+      fig.savefig(f, format="png", dpi=100)
+  finally:
+    plt.close(fig)
 
 
 def figure_png(fig) -> bytes:

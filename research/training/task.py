@@ -7,6 +7,10 @@ that `config.task` holds) with
   build(config) -> Task        model, data and pure loss / evaluation functions
   build_shapes(config) -> Task optional: the same, with placeholder batches of the largest
                                shape (for compiling when the data is slow to make)
+  generates_data(config) -> bool  optional, with build_shapes: build(config) would generate
+                               its data (minutes), so the loop compiles build_shapes' step
+                               first; otherwise it builds (reading and checking the user's
+                               files) before compiling anything
 
 and the loop, which is handed the TaskBuilder, does the rest (devices, optimizer,
 checkpoints, metrics). Everything in a Task except the data streams is a pure function
@@ -69,3 +73,7 @@ class TaskBuilder(NamedTuple):
   # build_shapes(config) -> a Task to compile, not train (`--compile_only`): the real
   # model, loss and evaluation, with batches of the largest shape training meets, without
   # reading or generating the data. None: `build` is cheap enough.
+  generates_data: Callable[[Any], bool] | None = None
+  # generates_data(config): True when build(config) would spend minutes making data (the
+  # loop then compiles build_shapes(config)'s step first, refusing what cannot run before
+  # the wait). None: never.

@@ -101,7 +101,7 @@ def test_the_command_writes_three_files(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("content,message", [
-    ("", "expected the header 'Source<TAB>Target', got 'an empty file'"),
+    ("", "expected the header 'Source<TAB>Target', got an empty file"),
     ("Source\tTarget\n", "no examples after the header"),
     ("Source\tTarget\n( [MAX 1 ) ] )\t12\n", ":2: expected Source<TAB>Target with a target 0–9"),
     ("Source\tTarget\nno tab here\n", ":2: expected Source<TAB>Target"),
