@@ -64,6 +64,7 @@ from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
   check_divides,
+  check_host_memory,
   check_int,
   check_positive,
 )
@@ -100,6 +101,39 @@ def validate(config) -> None:
                       "library directory (a Lib), or '' for the running interpreter's")
   if m.kind == "transformer":
     check_divides(config, "model.num_heads", "model.hidden_size")
+  check_memory(config)
+
+
+# Host bytes per window byte: the int64 gather index, the uint8 gathered, the int32 window.
+WINDOW_BYTES = 8 + 1 + 4
+
+
+def check_memory(config) -> None:
+  """The training batch and validation windows, the recurrent report's chunks (logits of
+  test_lanes × test_chunk bytes) and the samples must fit the host's memory."""
+  d, s = config.data, config.sample
+  windows = config.train.batch_size + d.eval_windows
+  check_host_memory(config, ("train.batch_size", "data.eval_windows", "data.context"),
+                    windows * (d.context + 1) * WINDOW_BYTES,
+                    f"{windows} windows of {d.context + 1} bytes")
+  if config.model.kind != "transformer":
+    check_host_memory(config, ("data.test_lanes", "data.test_chunk"),
+                      3 * d.test_lanes * d.test_chunk * 256 * 4,
+                      "the logits of the test split's chunks")
+  steps = len(s.prompt.encode("utf-8")) + 1 + s.length
+  check_host_memory(config, ("sample.length", "sample.num_samples"),
+                    steps * (32 + 8 * s.num_samples), "the samples (and a key per byte)")
+
+
+def check_test_memory(config, test_bytes: int) -> None:
+  """The transformer's report reads the test split (test_bytes) in windows of `context`
+  bytes every `stride`: every window's tokens and weights must fit the host's memory."""
+  d = config.data
+  stride = d.test_stride or max(d.context // 2, 1)
+  windows = d.test_lanes + test_bytes // stride
+  check_host_memory(config, ("data.test_stride", "data.context"),
+                    windows * (d.context + 1) * (WINDOW_BYTES + 1),
+                    f"the {windows} windows that read the {test_bytes} bytes of the test split")
 
 
 def load_corpus(config) -> python_corpus.Corpus:
@@ -269,6 +303,8 @@ def build(config) -> Task:
   """Model, data and loss for config (validated); see research/training/task.py."""
   d, model = config.data, make_model(config)
   corpus = load_corpus(config)
+  if model.kind == "transformer":
+    check_test_memory(config, sum(map(len, corpus.texts("test", d.test_bytes))))
   manifest = corpus.manifest()
   if jax.process_index() == 0:
     print(python_corpus.describe(manifest) + f" -> {MANIFEST}", file=sys.stderr, flush=True)

@@ -84,17 +84,17 @@ def validate(config) -> None:
     _split_paths(d.files)
   else:
     check_token_memory(config, d.train_examples + d.eval_examples + d.test_examples,
-                       "config.data.max_length and config.data.*_examples")
+                       ("data.train_examples", "data.eval_examples", "data.test_examples"),
+                       "to generate")
     if generates_data(config):
       _check_writable(d.dir)
 
 
-def check_token_memory(config, examples: int, keys: str) -> None:
+def check_token_memory(config, examples: int, keys: tuple[str, ...], where: str) -> None:
   """The token arrays of `examples` examples (and the evaluation batches' copies) must fit
   the host's memory."""
-  max_length = config.data.max_length
-  check_host_memory(2 * examples * max_length * 4, f"the token arrays of {examples} examples "
-                    f"of up to {max_length} tokens (int32)", keys)
+  check_host_memory(config, ("data.max_length", *keys), 2 * examples * config.data.max_length * 4,
+                    f"the int32 tokens of the {examples} examples {where}")
 
 
 def _check_writable(directory: str) -> None:
@@ -210,8 +210,7 @@ def load_data(config) -> Data:
   paths = split_files(config)
   pairs = {split: listops.read_split(path) for split, path in paths.items()}
   if d.files:
-    check_token_memory(config, sum(map(len, pairs.values())),
-                       f"config.data.max_length with the files of config.data.files={d.files!r}")
+    check_token_memory(config, sum(map(len, pairs.values())), ("data.files",), "in its files")
   splits = {split: encode(pairs[split], path, d.brackets, d.max_length)
             for split, path in paths.items()}
   boundaries = bucket_boundaries(splits["train"]["lengths"], d.length_buckets, d.max_length)

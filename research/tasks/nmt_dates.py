@@ -43,8 +43,15 @@ from research.models.decoding import beam_search, greedy_decode
 from research.models.seq2seq import ATTENTIONS, CELLS, HARD_TRAINING, STYLES, Seq2Seq
 from research.tasks.registry import register
 from research.training.task import Heatmap, Report, Task
-from research.training.validation import COMPUTE_DTYPES, check_choice, check_positive
+from research.training.validation import (
+  COMPUTE_DTYPES,
+  check_choice,
+  check_host_memory,
+  check_positive,
+)
 
+# Host bytes per generated date while the data is made (measured: 3.6 kB at the peak).
+DATE_BYTES = 4096
 LENGTH_BUCKETS = (0, 10, 20, 30, 1000)        # source tokens: [0, 10), [10, 20), ...
 CORPUS_SPLITS = {"train": 0.9, "validation": 0.05, "test": 0.05}
 HEATMAP_LOCALES = ("ru", "el", "ar", "fr", "de", "uk")   # scripts DejaVu Sans can draw
@@ -65,7 +72,8 @@ def validate(config) -> None:
   if not d.corpus and d.train_examples < config.train.batch_size:
     raise ConfigError(f"config.data.train_examples={d.train_examples} must be at least "
                       f"config.train.batch_size={config.train.batch_size}")
-  check_positive(config, "model.dropout", "decode.length_penalty", allow_zero=True)
+  check_positive(config, "model.dropout", "decode.length_penalty", "report.num_predictions",
+                 "report.num_heatmaps", allow_zero=True)
   if m.bidirectional and m.hidden_size % 2:
     raise ConfigError(f"config.model.hidden_size={m.hidden_size} must be even with "
                       "config.model.bidirectional=True (hidden_size / 2 per direction)")
@@ -79,6 +87,10 @@ def validate(config) -> None:
   if unknown:
     raise ConfigError(f"config.data.locales has unknown locales {sorted(unknown)}; allowed: "
                       f"'all' or a comma-separated subset of {', '.join(dates.LOCALES)}")
+  if not d.corpus:
+    examples = d.train_examples + d.eval_examples + d.test_examples
+    check_host_memory(config, ("data.train_examples", "data.eval_examples", "data.test_examples"),
+                      examples * DATE_BYTES, f"{examples} generated dates")
 
 
 class Data(NamedTuple):
@@ -116,6 +128,12 @@ def load_data(config) -> Data:
   target_vocab = Vocabulary.build(t for _, t in tokens["train"])
   longest_source = max(len(s) for pairs in tokens.values() for s, _ in pairs)
   longest_target = max(len(t) for pairs in tokens.values() for _, t in pairs)
+  if d.corpus:        # int32 source, target_in and target_out, and the evaluation copies
+    examples = sum(map(len, tokens.values()))
+    check_host_memory(config, ("data.corpus", "data.max_length"),
+                      2 * 4 * examples * (longest_source + 2 * longest_target + 2),
+                      f"the {examples} pairs of up to {longest_source} and {longest_target} "
+                      "tokens padded to the longest")
   splits = {s: encode_pairs(p, source_vocab, target_vocab, longest_source, longest_target)
             for s, p in tokens.items()}
   return Data(splits, groups, source_vocab, target_vocab, level)
@@ -161,8 +179,21 @@ def decoded_metrics(tokens, batch) -> dict[str, tuple]:
           "exact_match": (exact.astype(jnp.float32), jnp.ones_like(count))}
 
 
+def check_beam_memory(config, data: Data) -> None:
+  """Beam search (the report) keeps config.decode.beam_size copies of each batch row's
+  encoder memory, state and hypotheses, and scores beam_size × vocabulary candidates."""
+  source_length = data.splits["train"]["source"].shape[1]
+  target_length = data.splits["train"]["target_out"].shape[1]
+  rows = config.train.batch_size * config.decode.beam_size
+  per_row = (2 * source_length * config.model.hidden_size + 4 * config.model.hidden_size
+             + 3 * data.target_vocab.size + 2 * target_length)
+  check_host_memory(config, ("decode.beam_size", "train.batch_size", "model.hidden_size"),
+                    4 * rows * per_row, f"beam search's {rows} hypotheses (float32)")
+
+
 def build(config) -> Task:
   data = load_data(config)
+  check_beam_memory(config, data)
   model = make_model(config, data)
   max_len = data.splits["train"]["target_out"].shape[1]
   example = jax.tree.map(lambda x: jnp.asarray(x[:1]), data.splits["train"])

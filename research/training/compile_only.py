@@ -21,7 +21,6 @@ needs and what the chip has); the report is written either way, with `fits: fals
 
 import contextlib
 import functools
-import json
 import os
 import time
 
@@ -30,7 +29,7 @@ import jax
 from research.aot import report, targets
 from research.attention import registry
 from research.errors import ConfigError
-from research.training import parallel
+from research.training import files, parallel
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.task import TaskBuilder
 from research.training.train_step import (
@@ -127,10 +126,7 @@ def _report(name, target, devices, config, steps, attention, started) -> dict:
 def _write(workdir: str, result: dict) -> None:
   """compile_report.json, whole or not at all."""
   os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, REPORT)
-  with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=2)
-  os.replace(f"{path}.tmp", path)
+  files.write_json(os.path.join(workdir, REPORT), result)
 
 
 def table(result: dict) -> str:

@@ -10,6 +10,7 @@ import time
 import jax
 
 from research.errors import RunFailed
+from research.training.files import atomic_write
 from research.training.tensorboard import EventWriter
 from research.training.workdir import unused_path
 
@@ -55,10 +56,8 @@ class MetricsWriter:
     if tail and self.enabled:
       aside = unused_path(os.path.join(os.path.dirname(self.path), f"metrics.after_step_{step}"),
                           ".jsonl")
-      with open(aside, "wb") as f:
+      with atomic_write(aside, "wb") as f:
         f.write(tail)
-        f.flush()
-        os.fsync(f.fileno())
       os.truncate(self.path, offset)
     return history
 

@@ -66,13 +66,14 @@ def check_range(config, key: str, low: float, high: float, why: str = "") -> Non
                       + (f" ({why})" if why else ""))
 
 
-def check_host_memory(needed: int, what: str, keys: str) -> None:
-  """ConfigError when `needed` bytes of host memory (for `what`, sized by config `keys`)
-  exceed the memory this machine has available."""
+def check_host_memory(config, keys: Iterable[str], needed: int, what: str) -> None:
+  """ConfigError when `needed` bytes of host memory (for `what`, sized by the config keys)
+  exceed the memory this machine has available; the message shows the keys' values."""
   available = available_ram()
   if available is not None and needed > available:
-    raise ConfigError(f"{keys} would need {gib(needed)} of host memory for {what}, but this "
-                      f"machine has {gib(available)} available; make them smaller")
+    values = ", ".join(f"config.{key}={get(config, key)!r}" for key in keys)
+    raise ConfigError(f"{values} would need {gib(needed)} of host memory for {what}, but "
+                      f"this machine has {gib(available)} available; make them smaller")
 
 
 def check_divides(config, divisor_key: str, key: str) -> None:
