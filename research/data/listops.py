@@ -32,7 +32,7 @@ import random
 import re
 import statistics
 
-from research.errors import InputError
+from research.errors import InputError, excerpt
 from research.training.files import atomic_write
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -132,7 +132,7 @@ def read_split(path: str | os.PathLike) -> list[tuple[str, int]]:
     with open(path, "rb") as f:
       header = _text(f.readline(), f"{path}:1", "utf-8-sig")
       if _fields(header) != list(HEADER):
-        got = _shown(header.rstrip("\r\n")) if header else "an empty file"
+        got = excerpt(header.rstrip("\r\n")) if header else "an empty file"
         raise InputError(f"{path}:1: expected the header {'<TAB>'.join(HEADER)!r}, got {got}")
       for number, line in enumerate(f, start=2):
         where = f"{path}:{number}"
@@ -163,21 +163,14 @@ def _pair(row: list[str], where: str) -> tuple[str, int]:
   """A row's (source, label); InputError naming `where` and showing the fault."""
   if len(row) != 2:
     got = "an empty line" if row == [""] else (f"{len(row)} fields: "
-                                                + " <TAB> ".join(map(_shown, row)))
+                                                + " <TAB> ".join(map(excerpt, row)))
     raise InputError(f"{where}: expected Source<TAB>Target with a target 0–{NUM_CLASSES - 1}, "
                      f"got {got}")
   source, target = row
   if target.strip() not in CLASS_NAMES:
     raise InputError(f"{where}: expected Source<TAB>Target with a target 0–{NUM_CLASSES - 1}, "
-                     f"got the target {_shown(target, 200)} after the source {_shown(source)}")
+                     f"got the target {excerpt(target, 200)} after the source {excerpt(source)}")
   return source, int(target)
-
-
-def _shown(text: str, limit: int = 60) -> str:
-  """repr of text, its middle cut to keep `limit` characters (with the count) if longer."""
-  if len(text) <= limit:
-    return repr(text)
-  return f"{text[:limit // 2]!r}…{text[-limit // 2:]!r} ({len(text)} characters)"
 
 
 def tokenize(source: str, brackets: bool = False) -> list[str]:

@@ -35,8 +35,9 @@ from research.data.text import (
   Vocabulary,
   detokenize,
   encode_pairs,
-  read_parallel_corpus,
+  parallel_corpus_pairs,
   tokenize,
+  warn_skipped,
 )
 from research.errors import ConfigError, InputError
 from research.models.decoding import beam_search, greedy_decode
@@ -99,6 +100,7 @@ class Data(NamedTuple):
   source_vocab: Vocabulary
   target_vocab: Vocabulary
   level: str
+  skipped: int = 0                             # corpus pairs left out for their length
 
 
 def _locales(config) -> tuple[str, ...]:
@@ -110,14 +112,13 @@ def load_data(config) -> Data:
   d = config.data
   sizes = {"train": d.train_examples, "validation": d.eval_examples, "test": d.test_examples}
   if d.corpus:
-    level, pairs = d.level, read_parallel_corpus(d.corpus, d.level, d.max_length)
+    level, (pairs, skipped) = d.level, parallel_corpus_pairs(d.corpus, d.level, d.max_length)
     order = np.random.default_rng(config.seed).permutation(len(pairs))
     fractions = list(CORPUS_SPLITS.values())[:-1]      # the last split takes the rest
     parts = np.split(order, np.cumsum([int(f * len(pairs)) for f in fractions]))
     tokens = {s: [pairs[i] for i in part] for s, part in zip(CORPUS_SPLITS, parts, strict=True)}
     groups = {s: [""] * len(t) for s, t in tokens.items()}
-    _check_corpus_splits(d.corpus, {s: len(t) for s, t in tokens.items()},
-                         config.train.batch_size)
+    _check_corpus_splits(config, {s: len(t) for s, t in tokens.items()}, skipped)
   else:
     level, tokens, groups = "char", {}, {}
     for split, size in sizes.items():
@@ -136,16 +137,20 @@ def load_data(config) -> Data:
                       "tokens padded to the longest")
   splits = {s: encode_pairs(p, source_vocab, target_vocab, longest_source, longest_target)
             for s, p in tokens.items()}
-  return Data(splits, groups, source_vocab, target_vocab, level)
+  return Data(splits, groups, source_vocab, target_vocab, level, skipped if d.corpus else 0)
 
 
-def _check_corpus_splits(corpus: str, sizes: dict[str, int], batch_size: int) -> None:
+def _check_corpus_splits(config, sizes: dict[str, int], skipped: int) -> None:
   """Every split of a user's corpus non-empty, and a training split of a whole batch."""
   counts = ", ".join(f"{split} {size}" for split, size in sizes.items())
+  batch_size = config.train.batch_size
   if min(sizes.values()) == 0 or sizes["train"] < batch_size:
-    raise InputError(f"{corpus}: its {sum(sizes.values())} pairs split into {counts}; every "
-                     f"split needs a pair and training at least config.train.batch_size="
-                     f"{batch_size}: give a larger corpus or a smaller batch")
+    left_out = (f" ({skipped} more left out, longer than config.data.max_length="
+                f"{config.data.max_length} tokens)" if skipped else "")
+    raise InputError(f"{config.data.corpus}: its {sum(sizes.values())} pairs{left_out} split "
+                     f"into {counts}; every split needs a pair and training at least "
+                     f"config.train.batch_size={batch_size}: give a larger corpus or a smaller "
+                     "batch")
 
 
 def make_model(config, data: Data) -> Seq2Seq:
@@ -194,6 +199,9 @@ def check_beam_memory(config, data: Data) -> None:
 def build(config) -> Task:
   data = load_data(config)
   check_beam_memory(config, data)
+  if config.data.corpus:            # the corpus is accepted: say what was left out
+    total = sum(len(split["source"]) for split in data.splits.values()) + data.skipped
+    warn_skipped(config.data.corpus, data.skipped, total, data.level, config.data.max_length)
   model = make_model(config, data)
   max_len = data.splits["train"]["target_out"].shape[1]
   example = jax.tree.map(lambda x: jnp.asarray(x[:1]), data.splits["train"])

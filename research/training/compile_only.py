@@ -28,7 +28,7 @@ import jax
 
 from research.aot import report, targets
 from research.attention import registry
-from research.errors import ConfigError
+from research.errors import ConfigError, WorkdirError
 from research.training import files, parallel
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.task import TaskBuilder
@@ -58,6 +58,9 @@ def compile_only(config, workdir: str, task_builder: TaskBuilder, target_name: s
   """Compiles config's train and eval steps for `target_name`; returns the report (also
   written to workdir/compile_report.json)."""
   target, devices = target_devices(target_name)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise WorkdirError(f"workdir {workdir} is a file, not a directory; give a directory for "
+                       f"{REPORT} with --workdir")
   if config.train.batch_size % len(devices):
     raise ConfigError(f"config.train.batch_size={config.train.batch_size} must be divisible by "
                       f"the {len(devices)} devices of {target_name}")
@@ -124,9 +127,13 @@ def _report(name, target, devices, config, steps, attention, started) -> dict:
 
 
 def _write(workdir: str, result: dict) -> None:
-  """compile_report.json, whole or not at all."""
-  os.makedirs(workdir, exist_ok=True)
-  files.write_json(os.path.join(workdir, REPORT), result)
+  """compile_report.json, whole or not at all; WorkdirError if it cannot be written."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    files.write_json(os.path.join(workdir, REPORT), result)
+  except OSError as error:
+    raise WorkdirError(f"workdir {workdir}: cannot write {REPORT} ({error.strerror or error}); "
+                       "give a directory you can write to with --workdir") from None
 
 
 def table(result: dict) -> str:

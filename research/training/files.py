@@ -76,9 +76,9 @@ def read_json(path: str | os.PathLike, kind: type = dict) -> Any:
     raise UnreadableFile(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})"
                          ) from None
   except json.JSONDecodeError as error:
-    raise UnreadableFile(f"{path} is cut short or not JSON ({error.msg} at line {error.lineno} "
+    raise UnreadableFile(f"{path} is cut short or not JSON ({error.msg}: line {error.lineno} "
                          f"column {error.colno})") from None
   if not isinstance(value, kind):
-    raise UnreadableFile(f"{path} holds a JSON {type(value).__name__}, not a "
-                         f"{'object' if kind is dict else kind.__name__}")
+    raise UnreadableFile(f"{path} holds a JSON {type(value).__name__}, not "
+                         f"{'an object' if kind is dict else 'a ' + kind.__name__}")
   return value
