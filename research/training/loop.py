@@ -75,7 +75,18 @@ def validate(config, task: TaskBuilder) -> None:
   """Raises ConfigError for any bad value, before anything is built or compiled."""
   check_shared(config)
   check_devices(config)
-  task.validate(config)
+  validate_task(config, task)
+
+
+def validate_task(config, task: TaskBuilder) -> None:
+  """task.validate(config), a config without the task's keys refused as a ConfigError."""
+  try:
+    task.validate(config)
+  except (AttributeError, KeyError) as error:     # a config made without the task's keys
+    missing = str(error).strip('"')
+    raise ConfigError(f"config.task={config.task!r} needs the keys of its experiment's "
+                      f"config, and this config has no {missing}; start it from that "
+                      "experiment's get_config()") from None
 
 
 def train_and_evaluate(config, workdir: str, task: TaskBuilder) -> dict:

@@ -13,6 +13,7 @@ import ml_collections
 
 from research.errors import ConfigError
 from research.training import distributed
+from research.training.config import base_config
 from research.training.compile import available_ram, gib
 from research.training.parallel import STRATEGIES
 from research.training.train_step import SCHEDULES
@@ -104,6 +105,37 @@ def check_shared(config) -> None:
   if not (isinstance(config.train.adam_b2, (int, float)) and 0 <= config.train.adam_b2 < 1):
     raise ConfigError(f"config.train.adam_b2={config.train.adam_b2!r} must be in [0, 1)")
   distributed.check(config)
+
+
+def check_base_keys(config, what: str) -> None:
+  """`what` (a config) is an ml_collections.ConfigDict with every key of base_config()."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"{what} returned {config!r:.60} (a {type(config).__name__}), not an "
+                      "ml_collections.ConfigDict; start it from research.training.base_config()")
+  missing = [key for key in _leaves(base_config()) if not _has(config, key)]
+  if missing:
+    raise ConfigError(f"{what} has no {', '.join(f'config.{k}' for k in missing[:5])}"
+                      f"{' …' if len(missing) > 5 else ''}; start it from "
+                      "research.training.base_config()")
+
+
+def _leaves(node, prefix: str = "") -> list[str]:
+  keys = []
+  for key, value in node.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      keys += _leaves(value, f"{prefix}{key}.")
+    else:
+      keys.append(f"{prefix}{key}")
+  return keys
+
+
+def _has(config, key: str) -> bool:
+  node = config
+  for part in key.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      return False
+    node = node[part]
+  return True
 
 
 def check_devices(config, key: str = "train.batch_size") -> None:
