@@ -35,8 +35,8 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from research.aot import targets
   from research.errors import ConfigError, RunFailed, UserError
   from research.training import Stopped, distributed, run_sweep, train_and_evaluate
-  from research.training.loop import validate_task
   from research.training.compile_only import compile_only, table, target_devices
+  from research.training.loop import validate_task
   from research.training.validation import check_base_keys, check_shared, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))

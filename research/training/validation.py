@@ -13,8 +13,8 @@ import ml_collections
 
 from research.errors import ConfigError
 from research.training import distributed
-from research.training.config import base_config
 from research.training.compile import available_ram, gib
+from research.training.config import base_config
 from research.training.parallel import STRATEGIES
 from research.training.train_step import SCHEDULES
 
