@@ -67,6 +67,7 @@ from research.training.validation import (
   check_host_memory,
   check_int,
   check_positive,
+  check_rate,
 )
 
 MANIFEST = "corpus_manifest.json"
@@ -85,11 +86,9 @@ def validate(config) -> None:
   check_choice(config, "model.dtype", COMPUTE_DTYPES)
   check_choice(config, "data.include_tests", (True, False))
   check_positive(config, *POSITIVE_INTS)
-  check_positive(config, *NON_NEGATIVE_INTS, "model.dropout", "sample.temperature",
-                 allow_zero=True)
+  check_positive(config, *NON_NEGATIVE_INTS, "sample.temperature", allow_zero=True)
   check_int(config, *POSITIVE_INTS, *NON_NEGATIVE_INTS)
-  if m.dropout >= 1:
-    raise ConfigError(f"config.model.dropout={m.dropout} must be in [0, 1)")
+  check_rate(config, "model.dropout")
   if config.sample.top_k > 256:
     raise ConfigError(f"config.sample.top_k={config.sample.top_k} must be in 0 … 256 "
                       "(0: every byte)")

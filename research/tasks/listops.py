@@ -46,6 +46,7 @@ from research.training.validation import (
   check_divides,
   check_host_memory,
   check_positive,
+  check_rate,
 )
 
 SPLITS = ("train", "val", "test")
@@ -68,7 +69,8 @@ def validate(config) -> None:
                  "model.mlp_size", "model.window", "model.proj_len", "model.compression",
                  "data.max_length", "data.length_buckets", "data.train_examples",
                  "data.eval_examples", "data.test_examples")
-  check_positive(config, "model.dropout_rate", "data.min_tree_length", allow_zero=True)
+  check_positive(config, "data.min_tree_length", allow_zero=True)
+  check_rate(config, "model.dropout_rate")
   check_divides(config, "model.num_heads", "model.hidden_size")
   if not d.min_tree_length < d.max_tree_length - 1:
     raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} and max_tree_length="
@@ -91,10 +93,12 @@ def validate(config) -> None:
 
 
 def check_token_memory(config, examples: int, keys: tuple[str, ...], where: str) -> None:
-  """The token arrays of `examples` examples (and the evaluation batches' copies) must fit
-  the host's memory."""
-  check_host_memory(config, ("data.max_length", *keys), 2 * examples * config.data.max_length * 4,
-                    f"the int32 tokens of the {examples} examples {where}")
+  """The token arrays of `examples` examples (twice: the evaluation batches copy them) and
+  of a batch (a placeholder, or a padded last one) must fit the host's memory."""
+  rows = 2 * examples + config.train.batch_size
+  check_host_memory(config, ("data.max_length", "train.batch_size", *keys),
+                    rows * config.data.max_length * 4,
+                    f"the int32 tokens of the {examples} examples {where} and of a batch")
 
 
 def _check_writable(directory: str) -> None:

@@ -49,6 +49,7 @@ from research.training.validation import (
   check_choice,
   check_host_memory,
   check_positive,
+  check_rate,
 )
 
 # Host bytes per generated date while the data is made (measured: 3.6 kB at the peak).
@@ -73,8 +74,9 @@ def validate(config) -> None:
   if not d.corpus and d.train_examples < config.train.batch_size:
     raise ConfigError(f"config.data.train_examples={d.train_examples} must be at least "
                       f"config.train.batch_size={config.train.batch_size}")
-  check_positive(config, "model.dropout", "decode.length_penalty", "report.num_predictions",
+  check_positive(config, "decode.length_penalty", "report.num_predictions",
                  "report.num_heatmaps", allow_zero=True)
+  check_rate(config, "model.dropout")
   if m.bidirectional and m.hidden_size % 2:
     raise ConfigError(f"config.model.hidden_size={m.hidden_size} must be even with "
                       "config.model.bidirectional=True (hidden_size / 2 per direction)")
@@ -88,10 +90,11 @@ def validate(config) -> None:
   if unknown:
     raise ConfigError(f"config.data.locales has unknown locales {sorted(unknown)}; allowed: "
                       f"'all' or a comma-separated subset of {', '.join(dates.LOCALES)}")
-  if not d.corpus:
-    examples = d.train_examples + d.eval_examples + d.test_examples
-    check_host_memory(config, ("data.train_examples", "data.eval_examples", "data.test_examples"),
-                      examples * DATE_BYTES, f"{examples} generated dates")
+  if not d.corpus:                  # (a batch of the evaluation is padded to a whole one)
+    examples = d.train_examples + d.eval_examples + d.test_examples + config.train.batch_size
+    check_host_memory(config, ("data.train_examples", "data.eval_examples", "data.test_examples",
+                               "train.batch_size"), examples * DATE_BYTES,
+                      f"{examples} generated dates")
 
 
 class Data(NamedTuple):
@@ -129,9 +132,9 @@ def load_data(config) -> Data:
   target_vocab = Vocabulary.build(t for _, t in tokens["train"])
   longest_source = max(len(s) for pairs in tokens.values() for s, _ in pairs)
   longest_target = max(len(t) for pairs in tokens.values() for _, t in pairs)
-  if d.corpus:        # int32 source, target_in and target_out, and the evaluation copies
-    examples = sum(map(len, tokens.values()))
-    check_host_memory(config, ("data.corpus", "data.max_length"),
+  if d.corpus:        # int32 source, target_in and target_out, the evaluation's copies
+    examples = sum(map(len, tokens.values())) + config.train.batch_size
+    check_host_memory(config, ("data.corpus", "data.max_length", "train.batch_size"),
                       2 * 4 * examples * (longest_source + 2 * longest_target + 2),
                       f"the {examples} pairs of up to {longest_source} and {longest_target} "
                       "tokens padded to the longest")

@@ -37,9 +37,11 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args) -> Itera
       f.flush()
       os.fsync(f.fileno())
     os.replace(temporary, path)
-  except BaseException:
+  except BaseException as error:
     with contextlib.suppress(OSError):
       os.remove(temporary)
+    if isinstance(error, OSError) and error.filename == temporary:    # say which file
+      raise OSError(error.errno, error.strerror, path) from error
     raise
 
 

@@ -37,7 +37,13 @@ from research.training.compile import (
   memory_bytes,
   refusals_as_config_errors,
 )
-from research.training.metrics import MetricsWriter, NonFiniteLossError, Progress
+from research.training.metrics import (
+  METRICS_FILE,
+  TENSORBOARD,
+  MetricsWriter,
+  NonFiniteLossError,
+  Progress,
+)
 from research.training.task import TaskBuilder
 from research.training.train_step import (
   init_state,
@@ -55,7 +61,8 @@ RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                   "distributed.coordinator_address", "distributed.num_processes",
                   "distributed.process_id")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-CONFIG, FINAL_METRICS = "config.json", "final_metrics.json"
+CONFIG, FINAL_METRICS, LOSS_PLOT, CHECKPOINTS = ("config.json", "final_metrics.json", "loss.png",
+                                                 "checkpoints")
 
 
 class Stopped(Exception):
@@ -105,6 +112,8 @@ def train(config, workdir: str, task: TaskBuilder) -> dict:
   malformed data file), CheckpointMismatchError, Stopped, or a RunFailed.
   """
   with workdirs.hold(workdir) as lease:
+    workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT),
+                           directories=(CHECKPOINTS, TENSORBOARD))
     _check_config(config, workdir)
     return _train(config, workdir, task, lease)
 
@@ -158,7 +167,7 @@ def _train(config, workdir: str, task_builder: TaskBuilder, lease: workdirs.Leas
                   out_shardings=strategy.state_sharding)(keys()[0])
 
   # ---- Resume -------------------------------------------------------------------------
-  checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), train.keep_checkpoints)
+  checkpoints = Checkpoints(os.path.join(workdir, CHECKPOINTS), train.keep_checkpoints)
   start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
   if restored is not None:
     start, state, unlogged = restored.step, restored.state, _from_json(restored.unlogged_metrics)
@@ -198,7 +207,7 @@ def _train(config, workdir: str, task_builder: TaskBuilder, lease: workdirs.Leas
         if step % train.eval_every == 0 or step == train.num_steps:
           writer.write(step, evaluate(state))
           if jax.process_index() == 0:
-            plots.plot_curves(writer.history, os.path.join(workdir, "loss.png"))
+            plots.plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))
         if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
           checkpoints.save(step, strategy.host_state(state), task.train_data.get_state(),
                            _to_json(unlogged))
@@ -207,10 +216,12 @@ def _train(config, workdir: str, task_builder: TaskBuilder, lease: workdirs.Leas
           checkpoints.raise_if_failed(wait=True)
           raise Stopped(stopping, step, checkpoints.directory)
     except OSError as error:
+      latest = checkpoints.latest_step()
+      kept = ("no checkpoint was written yet" if latest is None else
+              f"the last complete checkpoint (step {latest}) is kept")
       raise WriteError(f"cannot write {error.filename or workdir} ({error.strerror or error}); "
-                       f"stopping. The last complete checkpoint (step "
-                       f"{checkpoints.latest_step()}) is kept: make room and run the same "
-                       "command again to resume") from error
+                       f"stopping: {kept}. Make room and run the same command again to "
+                       "resume") from error
 
   # ---- Final evaluation and report ------------------------------------------------------
   final = {k: v for r in writer.history if r["step"] == train.num_steps for k, v in r.items()

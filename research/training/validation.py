@@ -59,6 +59,14 @@ def check_int(config, *keys: str) -> None:
       raise ConfigError(f"config.{key}={get(config, key)!r} must be an int")
 
 
+def check_rate(config, *keys: str) -> None:
+  """Each key a rate in [0, 1) (a dropout probability)."""
+  for key in keys:
+    value = get(config, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+      raise ConfigError(f"config.{key}={value!r} must be in [0, 1)")
+
+
 def check_range(config, key: str, low: float, high: float, why: str = "") -> None:
   """config.key a finite number in [low, high]; `why` says what the bounds keep."""
   value = get(config, key)

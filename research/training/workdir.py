@@ -127,6 +127,18 @@ def _unwritable(workdir: str, error: OSError) -> WorkdirError:
                       "directory you can write to with --workdir")
 
 
+def check_entries(workdir: str, files: tuple[str, ...], directories: tuple[str, ...]) -> None:
+  """WorkdirError if one of the names the run writes as a file is a directory there, or
+  one it writes as a directory is something else."""
+  for names, wrong, kind in ((files, os.path.isdir, "a file"),
+                             (directories, os.path.isfile, "a directory")):
+    for name in names:
+      path = os.path.join(workdir, name)
+      if wrong(path):
+        raise WorkdirError(f"workdir {workdir}: the run writes {kind} {name} there, and {path} "
+                           f"is not one; move it away or give another --workdir")
+
+
 def unused_path(stem: str, extension: str = "") -> str:
   """stem + extension, or stem.1 + extension, stem.2 + extension, … whichever is free: what
   the runtime sets aside never replaces an earlier copy."""

@@ -94,7 +94,8 @@ def _cases(paths: dict, root: str) -> dict:
           "unreadable/train.tsv: cannot be read (Input/output error)"),
       "listops max_length": (
           listops + ["--config.data.max_length=1000000000"], fresh("max_length"),
-          "config.data.max_length=1000000000, config.data.train_examples=20000"),
+          "config.data.max_length=1000000000, config.train.batch_size=32, "
+          "config.data.train_examples=20000"),
       "listops data.dir is a file": (
           listops + [f"--config.data.dir={paths['a_file']}/file"], fresh("data_dir"),
           f"config.data.dir='{paths['a_file']}/file' is a file; give a directory"),
@@ -129,7 +130,7 @@ def _cases(paths: dict, root: str) -> dict:
       "nmt_dates too many examples": (
           nmt + ["--config.data.train_examples=2000000000"], fresh("examples"),
           "config.data.train_examples=2000000000, config.data.eval_examples=1000, "
-          "config.data.test_examples=2000 would need "),
+          "config.data.test_examples=2000, config.train.batch_size=128 would need "),
       "nmt_dates unknown variant": (
           [nmt[0] + ":cel=gru"], fresh("nmt_variant"),
           "unknown variant 'cel' in --config ...:cel=gru; allowed: attention, cell, style"),
