@@ -12,6 +12,9 @@ What a run guarantees:
   a failed save         CheckpointSaveError at the next step; the last complete one stays
   NaN / Inf loss        NonFiniteLossError naming the step; the last good checkpoint stays
   a second run          WorkdirError while a live run holds the workdir
+  refused before start  (bad input, a step that cannot fit) the workdir as it was found
+  files read back       written whole (research/training/files.py); config.json that
+                        cannot be read refused, naming it
 """
 
 import contextlib
