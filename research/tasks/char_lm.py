@@ -66,6 +66,7 @@ from research.training.validation import (
   check_divides,
   check_host_memory,
   check_int,
+  check_parameter_memory,
   check_positive,
   check_rate,
 )
@@ -110,7 +111,13 @@ WINDOW_BYTES = 8 + 1 + 4
 def check_memory(config) -> None:
   """The training batch and validation windows, the recurrent report's chunks (logits of
   test_lanes × test_chunk bytes) and the samples must fit the host's memory."""
-  d, s = config.data, config.sample
+  d, s, m = config.data, config.sample, config.model
+  # a transformer block: attention 4 h², MLP 2·mlp_ratio·h²; a GRU / LSTM layer ≤ 4 h (h + e).
+  per_layer = max((4 + 2 * m.mlp_ratio) * m.hidden_size**2,
+                  4 * m.hidden_size * (m.hidden_size + m.embed_size))
+  check_parameter_memory(config, ("model.num_layers", "model.hidden_size", "model.embed_size",
+                                  "model.mlp_ratio"),
+                         m.num_layers * per_layer + 256 * (m.embed_size + 2 * m.hidden_size))
   windows = config.train.batch_size + d.eval_windows
   check_host_memory(config, ("train.batch_size", "data.eval_windows", "data.context"),
                     windows * (d.context + 1) * WINDOW_BYTES,

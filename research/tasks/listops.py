@@ -45,6 +45,7 @@ from research.training.validation import (
   check_choice,
   check_divides,
   check_host_memory,
+  check_parameter_memory,
   check_positive,
   check_rate,
 )
@@ -72,6 +73,10 @@ def validate(config) -> None:
   check_positive(config, "data.min_tree_length", allow_zero=True)
   check_rate(config, "model.dropout_rate")
   check_divides(config, "model.num_heads", "model.hidden_size")
+  if d.length_buckets > d.max_length:
+    raise ConfigError(f"config.data.length_buckets={d.length_buckets} must be at most "
+                      f"config.data.max_length={d.max_length} (a bucket per length at most)")
+  check_parameter_memory(config, PARAMETER_KEYS, parameter_count(config))
   if not d.min_tree_length < d.max_tree_length - 1:
     raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} and max_tree_length="
                       f"{d.max_tree_length} leave no length strictly between them")
@@ -90,6 +95,21 @@ def validate(config) -> None:
                        "to generate")
     if generates_data(config):
       _check_writable(d.dir)
+
+
+PARAMETER_KEYS = ("model.num_layers", "model.hidden_size", "model.mlp_size", "model.proj_len",
+                  "model.compression", "data.max_length")
+
+
+def parameter_count(config) -> int:
+  """About how many parameters config.model has: per layer attention 4 F² and the MLP
+  2 F·mlp_size, with linformer's projections 2 max_length·proj_len or memory_compressed's
+  convolutions 2 compression·F²; learned positions max_length·F."""
+  m, max_length = config.model, config.data.max_length
+  attention = {"linformer": 2 * max_length * m.proj_len,
+               "memory_compressed": 2 * m.compression * m.hidden_size**2}.get(m.attention, 0)
+  per_layer = 4 * m.hidden_size**2 + 2 * m.hidden_size * m.mlp_size + attention
+  return m.num_layers * per_layer + (max_length + 1) * m.hidden_size
 
 
 def check_token_memory(config, examples: int, keys: tuple[str, ...], where: str) -> None:

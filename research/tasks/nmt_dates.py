@@ -48,7 +48,9 @@ from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
   check_host_memory,
+  check_parameter_memory,
   check_positive,
+  check_range,
   check_rate,
 )
 
@@ -74,8 +76,9 @@ def validate(config) -> None:
   if not d.corpus and d.train_examples < config.train.batch_size:
     raise ConfigError(f"config.data.train_examples={d.train_examples} must be at least "
                       f"config.train.batch_size={config.train.batch_size}")
-  check_positive(config, "decode.length_penalty", "report.num_predictions",
-                 "report.num_heatmaps", allow_zero=True)
+  check_positive(config, "report.num_predictions", "report.num_heatmaps", allow_zero=True)
+  check_range(config, "decode.length_penalty", 0, 10, "GNMT's α is 0.6–1; a larger one "
+              "overflows the penalty of long hypotheses")
   check_rate(config, "model.dropout")
   if m.bidirectional and m.hidden_size % 2:
     raise ConfigError(f"config.model.hidden_size={m.hidden_size} must be even with "
@@ -83,6 +86,11 @@ def validate(config) -> None:
   if m.input_feeding and m.style == "bahdanau":
     raise ConfigError("config.model.input_feeding=True needs config.model.style='luong' "
                       "(Bahdanau feeds the context c_t already); allowed with 'bahdanau': False")
+  # a layer of LSTM gates 8 h (h + e) per direction at most, the decoder and attention alike
+  check_parameter_memory(config, ("model.encoder_layers", "model.hidden_size",
+                                  "model.embed_size"),
+                         (m.encoder_layers + 2) * 16 * m.hidden_size * (m.hidden_size
+                                                                       + m.embed_size))
   if d.corpus and not os.path.isfile(d.corpus):
     raise ConfigError(f"config.data.corpus={d.corpus!r} is not a file; give a "
                       "source<TAB>target file, or '' for the generated dates")

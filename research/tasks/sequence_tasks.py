@@ -37,6 +37,7 @@ from research.training.validation import (
     check_choice,
     check_divides,
     check_host_memory,
+    check_parameter_memory,
     check_positive,
 )
 
@@ -71,7 +72,11 @@ def validate(config) -> None:
       raise ConfigError(f"config.model.window={config.model.window} with "
                         f"config.model.attention={config.model.attention!r}: 'local' needs a "
                         "window > 0 (its half-width), 'full' needs window 0")
-  d = config.data
+  m, d = config.model, config.data
+  # LSTM: 8 h² a layer; a transformer block: 12 h² (attention 4 h², MLP 8 h²).
+  check_parameter_memory(config, ("model.num_layers", "model.hidden_size", "data.num_symbols"),
+                         m.num_layers * 12 * m.hidden_size**2
+                         + (2 * d.num_symbols + 2) * m.hidden_size)
   examples = config.train.batch_size + 2 * d.eval_examples      # (eval_batches copy them)
   keys = ("train.batch_size", "data.eval_examples", "data.length") + {
       "adding": (), "recall": ("data.num_items", "data.num_symbols")}.get(d.task, ("data.num_items",))

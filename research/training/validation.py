@@ -85,6 +85,14 @@ def check_host_memory(config, keys: Iterable[str], needed: int, what: str) -> No
                       f"this machine has {gib(available)} available; make them smaller")
 
 
+def check_parameter_memory(config, keys: Iterable[str], count: int) -> None:
+  """The model's `count` parameters (an estimate from the config `keys`), with their
+  gradients and Adam's two moments in float32, must fit the host's memory: a model too
+  large for any device is refused before it is traced."""
+  check_host_memory(config, keys, 16 * count,
+                    f"about {count:,} parameters, their gradients and Adam's moments")
+
+
 def check_divides(config, divisor_key: str, key: str) -> None:
   """get(key) must be a multiple of get(divisor_key)."""
   divisor, value = get(config, divisor_key), get(config, key)
