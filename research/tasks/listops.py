@@ -76,7 +76,6 @@ def validate(config) -> None:
   if d.length_buckets > d.max_length:
     raise ConfigError(f"config.data.length_buckets={d.length_buckets} must be at most "
                       f"config.data.max_length={d.max_length} (a bucket per length at most)")
-  check_parameter_memory(config, PARAMETER_KEYS, parameter_count(config))
   if not d.min_tree_length < d.max_tree_length - 1:
     raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} and max_tree_length="
                       f"{d.max_tree_length} leave no length strictly between them")
@@ -95,10 +94,14 @@ def validate(config) -> None:
                        "to generate")
     if generates_data(config):
       _check_writable(d.dir)
+  check_parameter_memory(config, parameter_keys(config), parameter_count(config))
 
 
-PARAMETER_KEYS = ("model.num_layers", "model.hidden_size", "model.mlp_size", "model.proj_len",
-                  "model.compression", "data.max_length")
+def parameter_keys(config) -> tuple[str, ...]:
+  """The keys that size config.model's parameters."""
+  extra = {"linformer": ("model.proj_len",),
+           "memory_compressed": ("model.compression",)}.get(config.model.attention, ())
+  return ("model.num_layers", "model.hidden_size", "model.mlp_size", *extra, "data.max_length")
 
 
 def parameter_count(config) -> int:

@@ -126,7 +126,7 @@ def _cases(paths: dict, root: str) -> dict:
           f"config.data.corpus='{corpus}' is not a file"),
       "nmt_dates length_penalty nan": (
           nmt + ["--config.decode.length_penalty=nan"], fresh("penalty"),
-          "config.decode.length_penalty=nan must be a finite number >= 0"),
+          "config.decode.length_penalty=nan must be a number in [0, 10]"),
       "nmt_dates too many examples": (
           nmt + ["--config.data.train_examples=2000000000"], fresh("examples"),
           "config.data.train_examples=2000000000, config.data.eval_examples=1000, "
