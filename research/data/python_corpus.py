@@ -83,6 +83,18 @@ def list_files(root: str, *, include_tests: bool = True) -> list[str]:
   return sorted(paths)
 
 
+def total_bytes(root: str, paths: list[str]) -> int:
+  """The summed size of the files at `paths` under root (those that cannot be read count 0:
+  reading them names them)."""
+  total = 0
+  for path in paths:
+    try:
+      total += os.path.getsize(os.path.join(root, *path.split("/")))
+    except OSError:
+      pass
+  return total
+
+
 def hash_fraction(path: str) -> float:
   """u in [0, 1): the first 8 bytes of sha256(path) over 2^64."""
   return int.from_bytes(hashlib.sha256(path.encode("utf-8")).digest()[:8], "big") / 2**64

@@ -104,6 +104,7 @@ def validate(config) -> None:
   check_memory(config)
 
 
+CORPUS_COPIES = 8        # host bytes per corpus byte: the files, the streams, the test lanes
 # Host bytes per window byte: the int64 gather index, the uint8 gathered, the int32 window.
 WINDOW_BYTES = 8 + 1 + 4
 
@@ -145,7 +146,12 @@ def check_test_memory(config, test_bytes: int) -> None:
 def load_corpus(config) -> python_corpus.Corpus:
   """The corpus of config.data; InputError if a split is empty or too short to train on."""
   d = config.data
-  corpus = python_corpus.load(d.stdlib or None, include_tests=d.include_tests)
+  root = os.path.abspath(d.stdlib or python_corpus.stdlib_directory())
+  paths = python_corpus.list_files(root, include_tests=d.include_tests)
+  size = python_corpus.total_bytes(root, paths)      # the bytes, the streams, the lanes
+  check_host_memory(config, ("data.stdlib",), CORPUS_COPIES * size,
+                    f"the {len(paths)} .py files ({size} bytes) under {root}")
+  corpus = python_corpus.load(root, include_tests=d.include_tests)
   sizes = {split: sum(map(len, data)) for split, data in corpus.contents.items()}
   if not all(corpus.files.values()) or sizes["train"] <= d.context + 1:
     counts = ", ".join(f"{split} {len(paths)} files ({sizes[split]} bytes)"

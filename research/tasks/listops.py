@@ -87,7 +87,8 @@ def validate(config) -> None:
     raise ConfigError(f"config.data.files={d.files!r} is not a directory; give one holding "
                       "train.tsv, val.tsv, test.tsv (or LRA's basic_*.tsv), or '' to generate")
   if d.files:
-    _split_paths(d.files)
+    size = sum(map(os.path.getsize, _split_paths(d.files).values()))
+    check_host_memory(config, ("data.files",), 2 * size, f"reading its {size} bytes of TSV")
   else:
     check_token_memory(config, d.train_examples + d.eval_examples + d.test_examples,
                        ("data.train_examples", "data.eval_examples", "data.test_examples"),
