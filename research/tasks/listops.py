@@ -236,11 +236,17 @@ def bucket_boundaries(lengths: np.ndarray, count: int, max_length: int) -> tuple
 def load_data(config) -> Data:
   d = config.data
   paths = split_files(config)
-  pairs = {split: listops.read_split(path) for split, path in paths.items()}
-  if d.files:
-    check_token_memory(config, sum(map(len, pairs.values())), ("data.files",), "in its files")
-  splits = {split: encode(pairs[split], path, d.brackets, d.max_length)
-            for split, path in paths.items()}
+  try:
+    pairs = {split: listops.read_split(path) for split, path in paths.items()}
+    if d.files:
+      check_token_memory(config, sum(map(len, pairs.values())), ("data.files",), "in its files")
+    splits = {split: encode(pairs[split], path, d.brackets, d.max_length)
+              for split, path in paths.items()}
+  except InputError as error:
+    if d.files:
+      raise
+    raise InputError(f"{error} (a generated split, changed since: delete "
+                     f"{generated_directory(config)} to generate it again)") from None
   boundaries = bucket_boundaries(splits["train"]["lengths"], d.length_buckets, d.max_length)
   return Data(splits, len(listops.vocabulary(d.brackets)) + 1, boundaries)
 
