@@ -2,9 +2,9 @@
 (`launch.run`) in its own forked child of one process that imported launch.py once.
 
 A child is a process of its own (exit status, stdout, stderr, JAX backends started by the
-command itself: the parent starts none), so what a test sees is what a user sees from
-`python launch.py ...`; only importing launch.py, JAX and the experiments (seconds) is
-shared. The commands run one after another, in the order given: a command may use the
+command itself: the parent starts none, and runs no other thread when it forks), so what
+a test sees is what a user sees from `python launch.py ...`; only importing launch.py, JAX
+and the experiments (seconds) is shared. The commands run one after another, in the order given: a command may use the
 workdir an earlier one left.
 
     python forked_launch.py COMMANDS_JSON OUTPUT_DIR
@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import traceback
 
 import tiny
@@ -69,7 +70,13 @@ def _child(argv: list[str], directory: str, name: str) -> int:
 
 def main(commands_json: str, directory: str) -> None:
   sys.path.insert(0, tiny.ROOT)
+  from jax._src import xla_bridge  # noqa: PLC0415
+
   import launch  # noqa: F401, PLC0415 - once, before forking
+
+  # Forking is safe while no backend runs (JAX's threads start with them) and this
+  # process runs no other Python thread.
+  assert not xla_bridge.backends_are_initialized() and threading.active_count() == 1
 
   with open(commands_json) as f:
     commands = json.load(f)
