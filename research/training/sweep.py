@@ -36,6 +36,9 @@ def point_configs(config, points, task: TaskBuilder) -> list:
   configs = []
   for index, point in enumerate(points):
     name = point_name(point)
+    if not point:
+      raise ConfigError(f"sweep point {index} is {{}}: each point needs at least one override "
+                        "(its directory is named after them)")
     if name in first:
       raise ConfigError(f"sweep points {first[name]} and {index} are the same ({name}); each "
                         "point needs its own overrides")
