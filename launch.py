@@ -36,7 +36,8 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from research.errors import ConfigError, RunFailed, UserError
   from research.training import Stopped, distributed, run_sweep, train_and_evaluate
   from research.training.compile_only import compile_only, table, target_devices
-  from research.training.validation import check_shared, parse_value
+  from research.training.loop import validate_experiment
+  from research.training.validation import check_base_keys, check_shared, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
@@ -54,8 +55,9 @@ def load_config(spec: str):
   Raises ConfigError for a missing file, one that does not parse or lacks get_config.
   """
   path, _, args = spec.partition(":")
-  if not os.path.isfile(path):
-    raise ConfigError(f"--config: no config file {path!r}; give experiments/NAME.py[:ARGS]")
+  if not os.path.isfile(path) or not path.endswith(".py"):
+    what = "not a Python file (.py)" if os.path.isfile(path) else "no config file"
+    raise ConfigError(f"--config: {what} {path!r}; give experiments/NAME.py[:ARGS]")
   module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
   module = importlib.util.module_from_spec(module_spec)
   try:
@@ -69,11 +71,24 @@ def load_config(spec: str):
   if not hasattr(module, "get_config"):
     raise ConfigError(f"--config: {path} defines no get_config()")
   try:
-    return (module.get_config(args) if args else module.get_config()), module
+    config = module.get_config(args) if args else module.get_config()
   except ConfigError:
     raise
   except Exception as error:  # noqa: BLE001
     raise ConfigError(f"--config: {path}: get_config({args or ''}) failed: "
+                      f"{type(error).__name__}: {error}") from error
+  check_base_keys(config, f"--config: {path}: get_config()")
+  return config, module
+
+
+def sweep_points(module) -> list:
+  """The config module's get_sweep(); ConfigError if it has none or it fails."""
+  if not hasattr(module, "get_sweep"):
+    raise ConfigError(f"--sweep: {module.__file__} defines no get_sweep(); --sweep needs one")
+  try:
+    return module.get_sweep()
+  except Exception as error:  # noqa: BLE001 - any failure of the file is the config's
+    raise ConfigError(f"--sweep: {module.__file__}: get_sweep() failed: "
                       f"{type(error).__name__}: {error}") from error
 
 
@@ -148,7 +163,7 @@ def main(config, module, name: str, verbose: bool) -> None:
     if _COMPILE_ONLY.value:
       start_backends(verbose)
       check_shared(config)
-      experiment.validate(config)
+      validate_experiment(config, experiment)
       with jax_start.held_back(not verbose):     # libtpu logs when its topology starts
         target_devices(_COMPILE_ONLY.value)
       with jax_start.held_back(not verbose, show_on_error=False):   # XLA's remat warnings
@@ -159,9 +174,7 @@ def main(config, module, name: str, verbose: bool) -> None:
     distributed.initialize(config)
     start_backends(verbose)
     if _SWEEP.value:
-      if not hasattr(module, "get_sweep"):
-        raise ConfigError(f"{module.__file__} defines no get_sweep(); --sweep needs one")
-      run_sweep(config, module.get_sweep(), workdir, experiment)
+      run_sweep(config, sweep_points(module), workdir, experiment)
       print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
     else:
       final = train_and_evaluate(config, workdir, experiment)

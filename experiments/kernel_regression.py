@@ -44,12 +44,13 @@ points by leave-one-out error, not of the optimisation (the grid search does no 
 
 import ml_collections
 
-from research.training.config import base_config
+from research.training.config import base_config, parse_variants
 
 SWEEP_SEEDS = 20
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  parse_variants(arg, {})                 # no variants: refuses any argument
   config = base_config()
   config.experiment = "kernel_regression"
   config.train.num_steps = 300

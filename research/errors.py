@@ -29,3 +29,11 @@ class CheckpointMismatchError(UserError):
 
 class RunFailed(Exception):
   """A started run cannot go on (a non-finite loss, a failed save)."""
+
+
+def excerpt(text: str, limit: int = 60) -> str:
+  """repr(text) for a message; a longer text keeps its two ends (limit characters in all)
+  and says how long it is."""
+  if len(text) <= limit:
+    return repr(text)
+  return f"{text[:limit // 2]!r}…{text[-limit // 2:]!r} ({len(text)} characters)"

@@ -32,7 +32,8 @@ import random
 import re
 import statistics
 
-from research.errors import InputError
+from research.errors import InputError, excerpt
+from research.training.files import atomic_write
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -42,6 +43,7 @@ MAX_ARGS = 10
 NUM_CLASSES = 10
 LRA_SPLITS = (("train", 96_000), ("val", 2_000), ("test", 2_000))
 LRA_LENGTHS = (500, 2000)            # exclusive bounds on a tree's length
+CLASS_NAMES = tuple(str(label) for label in range(NUM_CLASSES))   # a TSV row's Target
 HEADER = ("Source", "Target")
 
 # A tree: an int digit, or (operator, (argument trees...)).
@@ -109,35 +111,66 @@ def write_splits(directory: str | os.PathLike, seed: int = 0, splits=LRA_SPLITS,
   paths = {}
   for (name, _), trees in zip(splits, groups, strict=True):
     paths[name] = os.path.join(directory, f"{name}.tsv")
-    with open(paths[name] + ".partial", "w", newline="", encoding="utf-8") as f:
+    with atomic_write(paths[name], "w", newline="", encoding="utf-8") as f:   # whole or absent
       writer = csv.writer(f, delimiter="\t", lineterminator="\n")
       writer.writerow(HEADER)
       writer.writerows((to_source(tree), evaluate(tree)) for tree in trees)
-    os.replace(paths[name] + ".partial", paths[name])     # a split is whole or absent
   return paths
 
 
 def read_split(path: str | os.PathLike) -> list[tuple[str, int]]:
-  """(source, label) pairs of an LRA ListOps TSV file (ours or LRA's own)."""
+  """(source, label) pairs of an LRA ListOps TSV file (ours or LRA's own).
+
+  Lines are split at tabs (LRA's sources hold no tab or quote, so no CSV quoting is read;
+  a line may be as long as memory allows); pair i is on line i + 2. Raises InputError
+  naming `path:line` for a file that cannot be read, is not UTF-8, lacks the header, or
+  has a line that is not Source<TAB>Target with a target 0–9 (the message shows the
+  target in full and the ends of the source).
+  """
   pairs = []
   try:
-    with open(path, encoding="utf-8", newline="") as f:
-      rows = list(csv.reader(f, delimiter="\t"))
+    with open(path, "rb") as f:
+      header = _text(f.readline(), f"{path}:1", "utf-8-sig")
+      if _fields(header) != list(HEADER):
+        got = excerpt(header.rstrip("\r\n")) if header else "an empty file"
+        raise InputError(f"{path}:1: expected the header {'<TAB>'.join(HEADER)!r}, got {got}")
+      for number, line in enumerate(f, start=2):
+        where = f"{path}:{number}"
+        pairs.append(_pair(_fields(_text(line, where)), where))
   except FileNotFoundError:
     raise InputError(f"{path}: no such ListOps file") from None
-  except UnicodeDecodeError as error:
-    raise InputError(f"{path}: not UTF-8 text ({error.reason})") from None
-  if not rows or tuple(rows[0]) != HEADER:
-    raise InputError(f"{path}:1: expected the header {'<TAB>'.join(HEADER)!r}, got "
-                     f"{'<TAB>'.join(rows[0]) if rows else 'an empty file'!r}")
-  for number, row in enumerate(rows[1:], start=2):
-    if len(row) != 2 or not row[1].strip().isdigit() or not 0 <= int(row[1]) < NUM_CLASSES:
-      raise InputError(f"{path}:{number}: expected Source<TAB>Target with a target 0–"
-                       f"{NUM_CLASSES - 1}, got {row!r:.80}")
-    pairs.append((row[0], int(row[1])))
+  except OSError as error:
+    raise InputError(f"{path}: cannot be read ({error.strerror or error})") from None
   if not pairs:
     raise InputError(f"{path}: no examples after the header")
   return pairs
+
+
+def _text(line: bytes, where: str, encoding: str = "utf-8") -> str:
+  try:
+    return line.decode(encoding)
+  except UnicodeDecodeError as error:
+    raise InputError(f"{where}: not UTF-8 text ({error.reason} at byte {error.start} of the "
+                     "line); save the file as UTF-8") from None
+
+
+def _fields(line: str) -> list[str]:
+  """A TSV line's tab-separated fields, without its line ending."""
+  return line.rstrip("\r\n").split("\t")
+
+
+def _pair(row: list[str], where: str) -> tuple[str, int]:
+  """A row's (source, label); InputError naming `where` and showing the fault."""
+  if len(row) != 2:
+    got = "an empty line" if row == [""] else (f"{len(row)} fields: "
+                                                + " <TAB> ".join(map(excerpt, row)))
+    raise InputError(f"{where}: expected Source<TAB>Target with a target 0–{NUM_CLASSES - 1}, "
+                     f"got {got}")
+  source, target = row
+  if target.strip() not in CLASS_NAMES:
+    raise InputError(f"{where}: expected Source<TAB>Target with a target 0–{NUM_CLASSES - 1}, "
+                     f"got the target {excerpt(target, 200)} after the source {excerpt(source)}")
+  return source, int(target)
 
 
 def tokenize(source: str, brackets: bool = False) -> list[str]:

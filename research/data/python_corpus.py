@@ -44,6 +44,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from research.errors import InputError
+
 SPLITS = {"train": 0.90, "validation": 0.05, "test": 0.05}   # fractions of the hash range
 FILE_START = 0                        # the byte before every file in a stream
 EXCLUDED_DIRS = ("site-packages", "dist-packages", "__pycache__")
@@ -61,9 +63,17 @@ def _excluded_dir(name: str, include_tests: bool) -> bool:
 
 
 def list_files(root: str, *, include_tests: bool = True) -> list[str]:
-  """The relative paths ("/"-separated, sorted) of the corpus's .py files under root."""
+  """The relative paths ("/"-separated, sorted) of the corpus's .py files under root.
+
+  InputError for a directory under root that cannot be listed."""
   paths = []
-  for directory, subdirectories, names in os.walk(root):
+
+  def unreadable(error: OSError):
+    raise InputError(f"{error.filename}: cannot be listed ({error.strerror}); the corpus reads "
+                     f"every .py file under {root}: make it readable or give another "
+                     "directory") from None
+
+  for directory, subdirectories, names in os.walk(root, onerror=unreadable):
     subdirectories[:] = sorted(d for d in subdirectories if not _excluded_dir(d, include_tests))
     relative = os.path.relpath(directory, root)
     for name in names:
@@ -71,6 +81,18 @@ def list_files(root: str, *, include_tests: bool = True) -> list[str]:
         path = name if relative == "." else os.path.join(relative, name)
         paths.append(path.replace(os.sep, "/"))
   return sorted(paths)
+
+
+def total_bytes(root: str, paths: list[str]) -> int:
+  """The summed size of the files at `paths` under root (those that cannot be read count 0:
+  reading them names them)."""
+  total = 0
+  for path in paths:
+    try:
+      total += os.path.getsize(os.path.join(root, *path.split("/")))
+    except OSError:
+      pass
+  return total
 
 
 def hash_fraction(path: str) -> float:
@@ -146,19 +168,34 @@ class Corpus(NamedTuple):
 
 
 def load(root: str | None = None, *, include_tests: bool = True) -> Corpus:
-  """Reads the corpus under root (None: the running interpreter's library)."""
+  """Reads the corpus under root (None: the running interpreter's library); InputError
+  naming a file or directory under it that cannot be read."""
   root = os.path.abspath(root or stdlib_directory())
   files: dict[str, list[str]] = {split: [] for split in SPLITS}
   for path in list_files(root, include_tests=include_tests):
     files[split_of(path)].append(path)
   files = {split: sorted(paths, key=hash_fraction) for split, paths in files.items()}
-  contents = {}
-  for split, paths in files.items():
-    contents[split] = []
-    for path in paths:
-      with open(os.path.join(root, *path.split("/")), "rb") as f:
-        contents[split].append(f.read())
+  contents = {split: [read_file(root, path) for path in paths] for split, paths in files.items()}
   return Corpus(root, include_tests, files, contents)
+
+
+def read_file(root: str, path: str) -> bytes:
+  """The bytes of root/path; InputError naming the file if it is not a readable regular
+  file (a dangling symlink, a FIFO, no permission)."""
+  full = os.path.join(root, *path.split("/"))
+  fault = None
+  if os.path.islink(full) and not os.path.exists(full):
+    fault = f"a symlink to {os.readlink(full)!r}, which does not exist"
+  elif not os.path.isfile(full):
+    fault = "not a regular file"
+  else:
+    try:
+      with open(full, "rb") as f:
+        return f.read()
+    except OSError as error:
+      fault = f"cannot be read ({error.strerror or error})"
+  raise InputError(f"{full}: {fault}; the corpus reads every .py file under {root}: fix or "
+                   "remove it, or give another directory")
 
 
 def describe(manifest: dict) -> str:

@@ -16,10 +16,14 @@ def true_function(x: np.ndarray) -> np.ndarray:
   return 2 * np.sin(x) + x**0.8
 
 
+def test_size(x_max: float, spacing: float) -> int:
+  """How many points test_grid(x_max, spacing) has: ceil(x_max / spacing)."""
+  return int(np.ceil(x_max / spacing - 1e-9))
+
+
 def test_grid(x_max: float, spacing: float) -> np.ndarray:
-  """0, spacing, 2·spacing, … strictly below x_max (up to rounding): [ceil(x_max / spacing)]."""
-  count = int(np.ceil(x_max / spacing - 1e-9))
-  return spacing * np.arange(count)
+  """0, spacing, 2·spacing, … strictly below x_max (up to rounding): [test_size(...)]."""
+  return spacing * np.arange(test_size(x_max, spacing))
 
 
 def generate(seed: int, *, num_train: int = 50, x_max: float = 5.0, noise_std: float = 0.5,

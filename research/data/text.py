@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from absl import logging
 
-from research.errors import InputError
+from research.errors import InputError, excerpt
 
 LEVELS = ("char", "word")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -97,43 +97,69 @@ def read_parallel_corpus(path: str | os.PathLike, level: str = "char",
   CRLF line endings and a byte-order mark are accepted; columns after the second
   (Tatoeba's attribution) are ignored, blank lines skipped and each side stripped of
   surrounding whitespace. Pairs with a side longer than `max_length` tokens are left
-  out, with a warning that counts them. A line that is not UTF-8, has no tab or has an
-  empty side, and a file without any pair, raise InputError naming `path:line`.
+  out, with a warning that counts them (`parallel_corpus_pairs` reads without warning).
+  A file that cannot be read, a line that is not UTF-8, has no tab or has an empty side,
+  and a file without any pair, raise InputError naming `path:line`.
   """
+  pairs, skipped = parallel_corpus_pairs(path, level, max_length)
+  warn_skipped(path, skipped, len(pairs) + skipped, level, max_length)
+  return pairs
+
+
+def parallel_corpus_pairs(path: str | os.PathLike, level: str = "char",
+                          max_length: int | None = None
+                          ) -> tuple[list[tuple[list[str], list[str]]], int]:
+  """(the pairs of `read_parallel_corpus`, how many longer pairs were left out), no warning."""
   _check_level(level)
   pairs, too_long = [], 0
-  with open(path, "rb") as f:
-    for number, raw in enumerate(f, start=1):
-      where = f"{os.fspath(path)}:{number}"
-      try:
-        line = raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n")
-      except UnicodeDecodeError as error:
-        raise InputError(f"{where}: not UTF-8 ({error.reason} at byte {error.start}); save "
-                         "the file as UTF-8") from None
-      if not line.strip() and "\t" not in line:
-        continue
-      columns = line.split("\t")
-      if len(columns) < 2:
-        raise InputError(f"{where}: no tab between source and target in {line[:80]!r}; each "
-                         "line must be source<TAB>target")
-      source, target = columns[0].strip(), columns[1].strip()
-      for side, text in (("source", source), ("target", target)):
-        if not text:
-          raise InputError(f"{where}: empty {side} in {line[:80]!r}; each line must be "
-                           "source<TAB>target, both non-empty")
-      pair = (tokenize(source, level), tokenize(target, level))
-      if max_length is not None and max(map(len, pair)) > max_length:
-        too_long += 1
-        continue
-      pairs.append(pair)
-  if too_long:
-    logging.warning("%s: skipped %d of %d pairs with a side longer than %d %s tokens",
-                    os.fspath(path), too_long, too_long + len(pairs), max_length, level)
+  try:
+    with open(path, "rb") as f:
+      for number, raw in enumerate(f, start=1):
+        pair = _parse_line(raw, f"{os.fspath(path)}:{number}", number, level)
+        if pair is None:
+          continue
+        if max_length is not None and max(map(len, pair)) > max_length:
+          too_long += 1
+          continue
+        pairs.append(pair)
+  except OSError as error:
+    raise InputError(f"{os.fspath(path)}: cannot be read ({error.strerror or error})") from None
   if not pairs:
     raise InputError(f"{os.fspath(path)}: no source<TAB>target pair to read "
                      + ("(the file is empty)" if not too_long else
                         f"(all {too_long} are longer than {max_length} tokens)"))
-  return pairs
+  return pairs, too_long
+
+
+def warn_skipped(path: str | os.PathLike, skipped: int, total: int, level: str,
+                 max_length: int | None) -> None:
+  """The warning that counts the pairs left out for being longer than max_length."""
+  if skipped:
+    logging.warning("%s: skipped %d of %d pairs with a side longer than %d %s tokens",
+                    os.fspath(path), skipped, total, max_length, level)
+
+
+def _parse_line(raw: bytes, where: str, number: int, level: str
+                ) -> tuple[list[str], list[str]] | None:
+  """A line's (source tokens, target tokens), None for a blank line; InputError naming
+  `where` for a line that is not UTF-8, has no tab or an empty side."""
+  try:
+    line = raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n")
+  except UnicodeDecodeError as error:
+    raise InputError(f"{where}: not UTF-8 ({error.reason} at byte {error.start}); save "
+                     "the file as UTF-8") from None
+  if not line.strip() and "\t" not in line:
+    return None
+  columns = line.split("\t")
+  if len(columns) < 2:
+    raise InputError(f"{where}: no tab between source and target in {excerpt(line, 80)}; each "
+                     "line must be source<TAB>target")
+  source, target = columns[0].strip(), columns[1].strip()
+  for side, text in (("source", source), ("target", target)):
+    if not text:
+      raise InputError(f"{where}: empty {side} in {excerpt(line, 80)}; each line must be "
+                       "source<TAB>target, both non-empty")
+  return tokenize(source, level), tokenize(target, level)
 
 
 def encode_pairs(pairs: Sequence[tuple[Sequence[str], Sequence[str]]],

@@ -65,8 +65,11 @@ from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
   check_divides,
+  check_host_memory,
   check_int,
+  check_parameter_memory,
   check_positive,
+  check_rate,
 )
 
 MANIFEST = "corpus_manifest.json"
@@ -85,11 +88,9 @@ def validate(config) -> None:
   check_choice(config, "model.dtype", COMPUTE_DTYPES)
   check_choice(config, "data.include_tests", (True, False))
   check_positive(config, *POSITIVE_INTS)
-  check_positive(config, *NON_NEGATIVE_INTS, "model.dropout", "sample.temperature",
-                 allow_zero=True)
+  check_positive(config, *NON_NEGATIVE_INTS, "sample.temperature", allow_zero=True)
   check_int(config, *POSITIVE_INTS, *NON_NEGATIVE_INTS)
-  if m.dropout >= 1:
-    raise ConfigError(f"config.model.dropout={m.dropout} must be in [0, 1)")
+  check_rate(config, "model.dropout")
   if config.sample.top_k > 256:
     raise ConfigError(f"config.sample.top_k={config.sample.top_k} must be in 0 … 256 "
                       "(0: every byte)")
@@ -101,12 +102,57 @@ def validate(config) -> None:
                       "library directory (a Lib), or '' for the running interpreter's")
   if m.kind == "transformer":
     check_divides(config, "model.num_heads", "model.hidden_size")
+  check_memory(config)
+
+
+CORPUS_COPIES = 8        # host bytes per corpus byte: the files, the streams, the test lanes
+# Host bytes per window byte: the int64 gather index, the uint8 gathered, the int32 window.
+WINDOW_BYTES = 8 + 1 + 4
+
+
+def check_memory(config) -> None:
+  """The training batch and validation windows, the recurrent report's chunks (logits of
+  test_lanes × test_chunk bytes) and the samples must fit the host's memory."""
+  d, s, m = config.data, config.sample, config.model
+  # a transformer block: attention 4 h², MLP 2·mlp_ratio·h²; a GRU / LSTM layer ≤ 4 h (h + e).
+  per_layer = max((4 + 2 * m.mlp_ratio) * m.hidden_size**2,
+                  4 * m.hidden_size * (m.hidden_size + m.embed_size))
+  check_parameter_memory(config, ("model.num_layers", "model.hidden_size", "model.embed_size",
+                                  "model.mlp_ratio"),
+                         m.num_layers * per_layer + 256 * (m.embed_size + 2 * m.hidden_size))
+  windows = config.train.batch_size + d.eval_windows
+  check_host_memory(config, ("train.batch_size", "data.eval_windows", "data.context"),
+                    windows * (d.context + 1) * WINDOW_BYTES,
+                    f"{windows} windows of {d.context + 1} bytes")
+  if config.model.kind != "transformer":
+    check_host_memory(config, ("data.test_lanes", "data.test_chunk"),
+                      3 * d.test_lanes * d.test_chunk * 256 * 4,
+                      "the logits of the test split's chunks")
+  steps = len(s.prompt.encode("utf-8")) + 1 + s.length
+  check_host_memory(config, ("sample.length", "sample.num_samples"),
+                    steps * (32 + 8 * s.num_samples), "the samples (and a key per byte)")
+
+
+def check_test_memory(config, test_bytes: int) -> None:
+  """The transformer's report reads the test split (test_bytes) in windows of `context`
+  bytes every `stride`: every window's tokens and weights must fit the host's memory."""
+  d = config.data
+  stride = d.test_stride or max(d.context // 2, 1)
+  windows = d.test_lanes + test_bytes // stride
+  check_host_memory(config, ("data.test_stride", "data.context"),
+                    windows * (d.context + 1) * (WINDOW_BYTES + 1),
+                    f"the {windows} windows that read the {test_bytes} bytes of the test split")
 
 
 def load_corpus(config) -> python_corpus.Corpus:
   """The corpus of config.data; InputError if a split is empty or too short to train on."""
   d = config.data
-  corpus = python_corpus.load(d.stdlib or None, include_tests=d.include_tests)
+  root = os.path.abspath(d.stdlib or python_corpus.stdlib_directory())
+  paths = python_corpus.list_files(root, include_tests=d.include_tests)
+  size = python_corpus.total_bytes(root, paths)      # the bytes, the streams, the lanes
+  check_host_memory(config, ("data.stdlib",), CORPUS_COPIES * size,
+                    f"the {len(paths)} .py files ({size} bytes) under {root}")
+  corpus = python_corpus.load(root, include_tests=d.include_tests)
   sizes = {split: sum(map(len, data)) for split, data in corpus.contents.items()}
   if not all(corpus.files.values()) or sizes["train"] <= d.context + 1:
     counts = ", ".join(f"{split} {len(paths)} files ({sizes[split]} bytes)"
@@ -270,6 +316,8 @@ def build(config) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
   d, model = config.data, make_model(config)
   corpus = load_corpus(config)
+  if model.kind == "transformer":
+    check_test_memory(config, sum(map(len, corpus.texts("test", d.test_bytes))))
   manifest = corpus.manifest()
   if jax.process_index() == 0:
     print(python_corpus.describe(manifest) + f" -> {MANIFEST}", file=sys.stderr, flush=True)

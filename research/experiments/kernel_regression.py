@@ -45,10 +45,12 @@ from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError
 from research.experiments.registry import register
 from research.training.experiment import Heatmap, Report, Workload
-from research.training.validation import check_positive, get
+from research.training.validation import check_host_memory, check_positive, check_range, get
 
 Array = jax.Array
 METHODS = ("fixed", "learned", "loo", "oracle")
+BANDWIDTHS = (1e-6, 1e6)          # allowed h (fixed, initial, grid): exp(log h) in float32
+DATA_SCALE = 1e6                  # the largest x_max, noise σ and test spacing
 
 
 def kernel_names(config) -> tuple[str, ...]:
@@ -74,6 +76,11 @@ def validate(config) -> None:
   check_positive(config, "data.num_train", "data.x_max", "data.test_spacing", "model.bandwidth",
                  "model.grid_min", "model.grid_max", "model.grid_size")
   check_positive(config, "data.noise_std", allow_zero=True)
+  for key in ("model.bandwidth", "model.grid_min", "model.grid_max"):
+    check_range(config, key, *BANDWIDTHS, "a float32 bandwidth further out makes the kernel "
+                "weights or their gradient overflow")
+  for key in ("data.x_max", "data.noise_std", "data.test_spacing"):
+    check_range(config, key, 0, DATA_SCALE, "float32 data whose squares stay finite")
   for key in ("data.num_train", "model.grid_size"):
     if not isinstance(get(config, key), int) or get(config, key) < 2:
       raise ConfigError(f"config.{key}={get(config, key)!r} must be an int >= 2")
@@ -84,6 +91,12 @@ def validate(config) -> None:
     raise ConfigError(f"config.train.batch_size={config.train.batch_size} must be <= "
                       f"config.data.num_train={config.data.num_train} (a batch is a set of "
                       "training points)")
+  n, m = config.data.num_train, data.test_size(config.data.x_max, config.data.test_spacing)
+  check_host_memory(config, ("data.num_train", "data.x_max", "data.test_spacing",
+                             "model.grid_size"),
+                    16 * (config.model.grid_size + 2) * n * (m + n),
+                    f"the report's weights of {m} test and {n} training points at each "
+                    "bandwidth of the grid")
 
 
 def make_data(config) -> dict[str, np.ndarray]:

@@ -45,11 +45,17 @@ from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
   check_divides,
+  check_host_memory,
+  check_parameter_memory,
   check_positive,
+  check_rate,
 )
 
 SPLITS = ("train", "val", "test")
 BUCKET_MULTIPLE = 64
+# LRA's recipe draws trees longer than 5000 tokens less than once in 10 000 draws (the
+# longest of 300 000 draws with seed 0: 5883): shorter minimums only.
+MAX_MIN_TREE_LENGTH = 5000
 # Test accuracy (%) in LRA's Table 1 (Tay et al., ICLR 2021) for our attention variants.
 LRA_TABLE_1 = {"full": 36.37, "local": 15.82, "sparse": 17.07, "longformer": 35.63,
                "linformer": 35.70, "reformer": 37.27, "sinkhorn": 33.67, "synthesizer": 36.99,
@@ -69,16 +75,74 @@ def validate(config) -> None:
                  "model.state_size",
                  "data.max_length", "data.length_buckets", "data.train_examples",
                  "data.eval_examples", "data.test_examples")
-  check_positive(config, "model.dropout_rate", "data.min_tree_length", allow_zero=True)
+  check_positive(config, "data.min_tree_length", allow_zero=True)
+  check_rate(config, "model.dropout_rate")
   check_divides(config, "model.num_heads", "model.hidden_size")
+  if d.length_buckets > d.max_length:
+    raise ConfigError(f"config.data.length_buckets={d.length_buckets} must be at most "
+                      f"config.data.max_length={d.max_length} (a bucket per length at most)")
   if not d.min_tree_length < d.max_tree_length - 1:
     raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} and max_tree_length="
                       f"{d.max_tree_length} leave no length strictly between them")
+  if d.min_tree_length >= MAX_MIN_TREE_LENGTH:
+    raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} must be below "
+                      f"{MAX_MIN_TREE_LENGTH}: LRA's recipe draws a longer tree less than once "
+                      "in 10 000 trees, so generating the splits would not end")
   if d.files and not os.path.isdir(d.files):
     raise ConfigError(f"config.data.files={d.files!r} is not a directory; give one holding "
                       "train.tsv, val.tsv, test.tsv (or LRA's basic_*.tsv), or '' to generate")
   if d.files:
-    _split_paths(d.files)
+    size = sum(map(os.path.getsize, _split_paths(d.files).values()))
+    check_host_memory(config, ("data.files",), 2 * size, f"reading its {size} bytes of TSV")
+  else:
+    check_token_memory(config, d.train_examples + d.eval_examples + d.test_examples,
+                       ("data.train_examples", "data.eval_examples", "data.test_examples"),
+                       "to generate")
+    if generates_data(config):
+      _check_writable(d.dir)
+  check_parameter_memory(config, parameter_keys(config), parameter_count(config))
+
+
+def parameter_keys(config) -> tuple[str, ...]:
+  """The keys that size config.model's parameters."""
+  extra = {"linformer": ("model.proj_len",),
+           "memory_compressed": ("model.compression",)}.get(config.model.attention, ())
+  return ("model.num_layers", "model.hidden_size", "model.mlp_size", *extra, "data.max_length")
+
+
+def parameter_count(config) -> int:
+  """About how many parameters config.model has: per layer attention 4 F² and the MLP
+  2 F·mlp_size, with linformer's projections 2 max_length·proj_len or memory_compressed's
+  convolutions 2 compression·F²; learned positions max_length·F."""
+  m, max_length = config.model, config.data.max_length
+  attention = {"linformer": 2 * max_length * m.proj_len,
+               "memory_compressed": 2 * m.compression * m.hidden_size**2}.get(m.attention, 0)
+  per_layer = 4 * m.hidden_size**2 + 2 * m.hidden_size * m.mlp_size + attention
+  return m.num_layers * per_layer + (max_length + 1) * m.hidden_size
+
+
+def check_token_memory(config, examples: int, keys: tuple[str, ...], where: str) -> None:
+  """The token arrays of `examples` examples (twice: the evaluation batches copy them) and
+  of a batch (a placeholder, or a padded last one) must fit the host's memory."""
+  rows = 2 * examples + config.train.batch_size
+  check_host_memory(config, ("data.max_length", "train.batch_size", *keys),
+                    rows * config.data.max_length * 4,
+                    f"the int32 tokens of the {examples} examples {where} and of a batch")
+
+
+def _check_writable(directory: str) -> None:
+  """config.data.dir must be, or be made under, a directory we can write."""
+  target = existing = os.path.abspath(directory or ".")
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    where = "a file" if existing == target else f"under the file {existing!r}"
+    raise ConfigError(f"config.data.dir={directory!r} is {where}; give a directory for the "
+                      "generated ListOps splits, or your own with config.data.files")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f"config.data.dir={directory!r} cannot be written ({existing} is not "
+                      "writable); give a directory for the generated ListOps splits, or your "
+                      "own with config.data.files")
 
 
 def _split_paths(directory: str) -> dict[str, str]:
@@ -105,17 +169,35 @@ def generated_directory(config) -> str:
                       f"{d.train_examples}-{d.eval_examples}-{d.test_examples}-seed{d.seed}")
 
 
+def _generated_paths(config) -> dict[str, str]:
+  directory = generated_directory(config)
+  return {split: os.path.join(directory, f"{split}.tsv") for split in SPLITS}
+
+
+def generates_data(config) -> bool:
+  """Whether building config's task generates its splits (minutes): no user files, and
+  the generated ones not written yet."""
+  return not config.data.files and not all(map(os.path.isfile,
+                                                _generated_paths(config).values()))
+
+
 def split_files(config) -> dict[str, str]:
   """split -> TSV path: the user's files, or the generated ones (written on first use)."""
   if config.data.files:
     return _split_paths(config.data.files)
-  directory = generated_directory(config)
-  paths = {split: os.path.join(directory, f"{split}.tsv") for split in SPLITS}
-  if not all(os.path.isfile(p) for p in paths.values()):
+  paths = _generated_paths(config)
+  if generates_data(config):
     d = config.data
     sizes = (d.train_examples, d.eval_examples, d.test_examples)
-    listops.write_splits(directory, d.seed, tuple(zip(SPLITS, sizes, strict=True)),
-                         (d.min_tree_length, d.max_tree_length))
+    try:
+      listops.write_splits(generated_directory(config), d.seed,
+                           tuple(zip(SPLITS, sizes, strict=True)),
+                           (d.min_tree_length, d.max_tree_length))
+    except OSError as error:
+      raise ConfigError(f"config.data.dir={d.dir!r}: cannot write the generated splits to "
+                        f"{error.filename or generated_directory(config)} ("
+                        f"{error.strerror or error}); give a directory you can write to"
+                        ) from None
   return paths
 
 
@@ -125,18 +207,23 @@ class Data(NamedTuple):
   boundaries: tuple[int, ...]                # ascending bucket bounds, the last max_length
 
 
-def encode(path: str, brackets: bool, max_length: int) -> dict[str, np.ndarray]:
-  """A TSV split -> int32 tokens [N, max_length] (0-padded, truncated), lengths, labels."""
+def encode(pairs: list[tuple[str, int]], path: str, brackets: bool, max_length: int
+           ) -> dict[str, np.ndarray]:
+  """A split's (source, label) pairs, read from `path` -> int32 tokens [N, max_length]
+  (0-padded, truncated), lengths, labels.
+
+  InputError naming path:line for a source without a token or with a token outside
+  ListOps' vocabulary (anywhere in it, kept or truncated)."""
   ids = {token: i + 1 for i, token in enumerate(listops.vocabulary(brackets))}
-  pairs = listops.read_split(path)
   tokens = np.zeros((len(pairs), max_length), np.int32)
   lengths = np.zeros(len(pairs), np.int32)
   for row, (source, _) in enumerate(pairs):
-    words = listops.tokenize(source, brackets)[:max_length]
+    words = listops.tokenize(source, brackets)
     unknown = [w for w in words if w not in ids]
-    if unknown:
-      raise InputError(f"{path}:{row + 2}: token {unknown[0]!r} is not ListOps' (allowed: "
-                       f"{' '.join(ids)})")
+    if unknown or not words:
+      found = f"token {unknown[0]!r} is not ListOps'" if unknown else "no ListOps token"
+      raise InputError(f"{path}:{row + 2}: {found} in the source (allowed: {' '.join(ids)})")
+    words = words[:max_length]
     tokens[row, :len(words)] = [ids[w] for w in words]
     lengths[row] = len(words)
   return {"tokens": tokens, "lengths": lengths,
@@ -153,8 +240,18 @@ def bucket_boundaries(lengths: np.ndarray, count: int, max_length: int) -> tuple
 
 def load_data(config) -> Data:
   d = config.data
-  splits = {split: encode(path, d.brackets, d.max_length)
-            for split, path in split_files(config).items()}
+  paths = split_files(config)
+  try:
+    pairs = {split: listops.read_split(path) for split, path in paths.items()}
+    if d.files:
+      check_token_memory(config, sum(map(len, pairs.values())), ("data.files",), "in its files")
+    splits = {split: encode(pairs[split], path, d.brackets, d.max_length)
+              for split, path in paths.items()}
+  except InputError as error:
+    if d.files:
+      raise
+    raise InputError(f"{error} (a generated split, changed since: delete "
+                     f"{generated_directory(config)} to generate it again)") from None
   boundaries = bucket_boundaries(splits["train"]["lengths"], d.length_buckets, d.max_length)
   return Data(splits, len(listops.vocabulary(d.brackets)) + 1, boundaries)
 
@@ -226,4 +323,5 @@ def build(config, data: Data | None = None) -> Workload:
 
 
 TASK = register("listops", validate=validate, build=build,
-                build_shapes=lambda config: build(config, placeholder_data(config)))
+                build_shapes=lambda config: build(config, placeholder_data(config)),
+                generates_data=generates_data)

@@ -35,16 +35,28 @@ from research.data.text import (
   Vocabulary,
   detokenize,
   encode_pairs,
-  read_parallel_corpus,
+  parallel_corpus_pairs,
   tokenize,
+  warn_skipped,
 )
 from research.errors import ConfigError, InputError
 from research.models.decoding import beam_search, greedy_decode
 from research.models.seq2seq import ATTENTIONS, CELLS, HARD_TRAINING, STYLES, Seq2Seq
 from research.experiments.registry import register
 from research.training.experiment import Heatmap, Report, Workload
-from research.training.validation import COMPUTE_DTYPES, check_choice, check_positive
+from research.training.validation import (
+  COMPUTE_DTYPES,
+  check_choice,
+  check_host_memory,
+  check_parameter_memory,
+  check_positive,
+  check_range,
+  check_rate,
+)
 
+# Host bytes per generated date while the data is made (measured: 3.6 kB at the peak).
+DATE_BYTES = 4096
+CORPUS_BYTES = 32                  # host bytes per byte of a corpus, read as tokens
 LENGTH_BUCKETS = (0, 10, 20, 30, 1000)        # source tokens: [0, 10), [10, 20), ...
 CORPUS_SPLITS = {"train": 0.9, "validation": 0.05, "test": 0.05}
 HEATMAP_LOCALES = ("ru", "el", "ar", "fr", "de", "uk")   # scripts DejaVu Sans can draw
@@ -65,20 +77,37 @@ def validate(config) -> None:
   if not d.corpus and d.train_examples < config.train.batch_size:
     raise ConfigError(f"config.data.train_examples={d.train_examples} must be at least "
                       f"config.train.batch_size={config.train.batch_size}")
-  check_positive(config, "model.dropout", "decode.length_penalty", allow_zero=True)
+  check_positive(config, "report.num_predictions", "report.num_heatmaps", allow_zero=True)
+  check_range(config, "decode.length_penalty", 0, 10, "GNMT's α is 0.6–1; a larger one "
+              "overflows the penalty of long hypotheses")
+  check_rate(config, "model.dropout")
   if m.bidirectional and m.hidden_size % 2:
     raise ConfigError(f"config.model.hidden_size={m.hidden_size} must be even with "
                       "config.model.bidirectional=True (hidden_size / 2 per direction)")
   if m.input_feeding and m.style == "bahdanau":
     raise ConfigError("config.model.input_feeding=True needs config.model.style='luong' "
                       "(Bahdanau feeds the context c_t already); allowed with 'bahdanau': False")
+  # a layer of LSTM gates 8 h (h + e) per direction at most, the decoder and attention alike
+  check_parameter_memory(config, ("model.encoder_layers", "model.hidden_size",
+                                  "model.embed_size"),
+                         (m.encoder_layers + 2) * 16 * m.hidden_size * (m.hidden_size
+                                                                       + m.embed_size))
   if d.corpus and not os.path.isfile(d.corpus):
     raise ConfigError(f"config.data.corpus={d.corpus!r} is not a file; give a "
                       "source<TAB>target file, or '' for the generated dates")
+  if d.corpus:                      # Python's token lists: measured 15–20 bytes per byte
+    size = os.path.getsize(d.corpus)
+    check_host_memory(config, ("data.corpus",), CORPUS_BYTES * size,
+                      f"the tokens of its {size} bytes")
   unknown = set(_locales(config)) - set(dates.LOCALES)
   if unknown:
     raise ConfigError(f"config.data.locales has unknown locales {sorted(unknown)}; allowed: "
                       f"'all' or a comma-separated subset of {', '.join(dates.LOCALES)}")
+  if not d.corpus:                  # (a batch of the evaluation is padded to a whole one)
+    examples = d.train_examples + d.eval_examples + d.test_examples + config.train.batch_size
+    check_host_memory(config, ("data.train_examples", "data.eval_examples", "data.test_examples",
+                               "train.batch_size"), examples * DATE_BYTES,
+                      f"{examples} generated dates")
 
 
 class Data(NamedTuple):
@@ -87,6 +116,7 @@ class Data(NamedTuple):
   source_vocab: Vocabulary
   target_vocab: Vocabulary
   level: str
+  skipped: int = 0                             # corpus pairs left out for their length
 
 
 def _locales(config) -> tuple[str, ...]:
@@ -98,14 +128,13 @@ def load_data(config) -> Data:
   d = config.data
   sizes = {"train": d.train_examples, "validation": d.eval_examples, "test": d.test_examples}
   if d.corpus:
-    level, pairs = d.level, read_parallel_corpus(d.corpus, d.level, d.max_length)
+    level, (pairs, skipped) = d.level, parallel_corpus_pairs(d.corpus, d.level, d.max_length)
     order = np.random.default_rng(config.seed).permutation(len(pairs))
     fractions = list(CORPUS_SPLITS.values())[:-1]      # the last split takes the rest
     parts = np.split(order, np.cumsum([int(f * len(pairs)) for f in fractions]))
     tokens = {s: [pairs[i] for i in part] for s, part in zip(CORPUS_SPLITS, parts, strict=True)}
     groups = {s: [""] * len(t) for s, t in tokens.items()}
-    _check_corpus_splits(d.corpus, {s: len(t) for s, t in tokens.items()},
-                         config.train.batch_size)
+    _check_corpus_splits(config, {s: len(t) for s, t in tokens.items()}, skipped)
   else:
     level, tokens, groups = "char", {}, {}
     for split, size in sizes.items():
@@ -116,18 +145,28 @@ def load_data(config) -> Data:
   target_vocab = Vocabulary.build(t for _, t in tokens["train"])
   longest_source = max(len(s) for pairs in tokens.values() for s, _ in pairs)
   longest_target = max(len(t) for pairs in tokens.values() for _, t in pairs)
+  if d.corpus:        # int32 source, target_in and target_out, the evaluation's copies
+    examples = sum(map(len, tokens.values())) + config.train.batch_size
+    check_host_memory(config, ("data.corpus", "data.max_length", "train.batch_size"),
+                      2 * 4 * examples * (longest_source + 2 * longest_target + 2),
+                      f"the {examples} pairs of up to {longest_source} and {longest_target} "
+                      "tokens padded to the longest")
   splits = {s: encode_pairs(p, source_vocab, target_vocab, longest_source, longest_target)
             for s, p in tokens.items()}
-  return Data(splits, groups, source_vocab, target_vocab, level)
+  return Data(splits, groups, source_vocab, target_vocab, level, skipped if d.corpus else 0)
 
 
-def _check_corpus_splits(corpus: str, sizes: dict[str, int], batch_size: int) -> None:
+def _check_corpus_splits(config, sizes: dict[str, int], skipped: int) -> None:
   """Every split of a user's corpus non-empty, and a training split of a whole batch."""
   counts = ", ".join(f"{split} {size}" for split, size in sizes.items())
+  batch_size = config.train.batch_size
   if min(sizes.values()) == 0 or sizes["train"] < batch_size:
-    raise InputError(f"{corpus}: its {sum(sizes.values())} pairs split into {counts}; every "
-                     f"split needs a pair and training at least config.train.batch_size="
-                     f"{batch_size}: give a larger corpus or a smaller batch")
+    left_out = (f" ({skipped} more left out, longer than config.data.max_length="
+                f"{config.data.max_length} tokens)" if skipped else "")
+    raise InputError(f"{config.data.corpus}: its {sum(sizes.values())} pairs{left_out} split "
+                     f"into {counts}; every split needs a pair and training at least "
+                     f"config.train.batch_size={batch_size}: give a larger corpus or a smaller "
+                     "batch")
 
 
 def make_model(config, data: Data) -> Seq2Seq:
@@ -161,8 +200,24 @@ def decoded_metrics(tokens, batch) -> dict[str, tuple]:
           "exact_match": (exact.astype(jnp.float32), jnp.ones_like(count))}
 
 
+def check_beam_memory(config, data: Data) -> None:
+  """Beam search (the report) keeps config.decode.beam_size copies of each batch row's
+  encoder memory, state and hypotheses, and scores beam_size × vocabulary candidates."""
+  source_length = data.splits["train"]["source"].shape[1]
+  target_length = data.splits["train"]["target_out"].shape[1]
+  rows = config.train.batch_size * config.decode.beam_size
+  per_row = (2 * source_length * config.model.hidden_size + 4 * config.model.hidden_size
+             + 3 * data.target_vocab.size + 2 * target_length)
+  check_host_memory(config, ("decode.beam_size", "train.batch_size", "model.hidden_size"),
+                    4 * rows * per_row, f"beam search's {rows} hypotheses (float32)")
+
+
 def build(config) -> Workload:
   data = load_data(config)
+  check_beam_memory(config, data)
+  if config.data.corpus:            # the corpus is accepted: say what was left out
+    total = sum(len(split["source"]) for split in data.splits.values()) + data.skipped
+    warn_skipped(config.data.corpus, data.skipped, total, data.level, config.data.max_length)
   model = make_model(config, data)
   max_len = data.splits["train"]["target_out"].shape[1]
   example = jax.tree.map(lambda x: jnp.asarray(x[:1]), data.splits["train"])

@@ -17,12 +17,13 @@ _REGISTRY: dict[str, Experiment] = {}
 
 
 def register(name: str, *, validate: Callable[..., None], build: Callable[..., Workload],
-             build_shapes: Callable[..., Workload] | None = None) -> Experiment:
-  """Adds an experiment under `name` (the value of config.experiment) and returns it (see
-  `research.training.experiment.Experiment`)."""
+             build_shapes: Callable[..., Workload] | None = None,
+             generates_data: Callable[..., bool] | None = None) -> Experiment:
+  """Adds an experiment under `name` (the value of config.experiment) and returns it (build_shapes,
+  generates_data: see `research.training.experiment.Experiment`)."""
   if name in _REGISTRY:
     raise ValueError(f"an experiment named {name!r} is registered already")
-  _REGISTRY[name] = Experiment(name, validate, build, build_shapes)
+  _REGISTRY[name] = Experiment(name, validate, build, build_shapes, generates_data)
   return _REGISTRY[name]
 
 

@@ -37,11 +37,16 @@ from research.training.validation import (
     COMPUTE_DTYPES,
     check_choice,
     check_divides,
+    check_host_memory,
+    check_parameter_memory,
     check_positive,
 )
 
 TASKS = ("copy", "reverse", "adding", "recall")
 ADDING_TOLERANCE = 0.04
+# Host bytes per generated step (an adding step's float32 value and marker, and the
+# generators' float64 / int64 temporaries: recall draws num_symbols keys per example).
+EXAMPLE_BYTES = 16
 SIZES = ("data.length", "data.num_symbols", "data.num_items", "data.eval_examples",
          "model.hidden_size", "model.num_layers", "model.num_heads")
 
@@ -68,6 +73,23 @@ def validate(config) -> None:
       raise ConfigError(f"config.model.window={config.model.window} with "
                         f"config.model.attention={config.model.attention!r}: 'local' needs a "
                         "window > 0 (its half-width), 'full' needs window 0")
+  m, d = config.model, config.data
+  # LSTM: 8 h² a layer; a transformer block: 12 h² (attention 4 h², MLP 8 h²).
+  check_parameter_memory(config, ("model.num_layers", "model.hidden_size", "data.num_symbols"),
+                         m.num_layers * 12 * m.hidden_size**2
+                         + (2 * d.num_symbols + 2) * m.hidden_size)
+  examples = config.train.batch_size + 2 * d.eval_examples      # (eval_batches copy them)
+  keys = ("train.batch_size", "data.eval_examples", "data.length") + {
+      "adding": (), "recall": ("data.num_items", "data.num_symbols")}.get(d.task, ("data.num_items",))
+  per_example = sequence_length(config) + (d.num_symbols if d.task == "recall" else 0)
+  check_host_memory(config, keys, examples * EXAMPLE_BYTES * per_example,
+                    f"{examples} generated examples of {sequence_length(config)} steps")
+
+
+def sequence_length(config) -> int:
+  """The inputs' length: T (adding), else K + T + 1 + K (copy, reverse) or 2K + T + 1."""
+  d = config.data
+  return d.length if d.task == "adding" else 2 * d.num_items + d.length + 1
 
 
 def generator(config):

@@ -39,12 +39,13 @@ def memory_bytes(device) -> int | None:
   if stats and stats.get("bytes_limit"):
     return int(stats["bytes_limit"])
   if device.platform == "cpu":
-    available = _available_ram()
+    available = available_ram()
     return None if available is None else available // max(1, jax.local_device_count("cpu"))
   return None
 
 
-def _available_ram() -> int | None:
+def available_ram() -> int | None:
+  """The memory this machine has available (Linux's MemAvailable), None when unknown."""
   try:
     with open("/proc/meminfo", encoding="ascii") as f:
       found = re.search(r"MemAvailable:\s+(\d+) kB", f.read())

@@ -21,7 +21,6 @@ needs and what the chip has); the report is written either way, with `fits: fals
 
 import contextlib
 import functools
-import json
 import os
 import time
 
@@ -29,8 +28,8 @@ import jax
 
 from research.aot import report, targets
 from research.attention import registry
-from research.errors import ConfigError
-from research.training import parallel
+from research.errors import ConfigError, WorkdirError
+from research.training import files, parallel
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.experiment import Experiment
 from research.training.train_step import (
@@ -59,6 +58,9 @@ def compile_only(config, workdir: str, experiment: Experiment, target_name: str)
   """Compiles config's train and eval steps for `target_name`; returns the report (also
   written to workdir/compile_report.json)."""
   target, devices = target_devices(target_name)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise WorkdirError(f"workdir {workdir} is a file, not a directory; give a directory for "
+                       f"{REPORT} with --workdir")
   if config.train.batch_size % len(devices):
     raise ConfigError(f"config.train.batch_size={config.train.batch_size} must be divisible by "
                       f"the {len(devices)} devices of {target_name}")
@@ -125,12 +127,13 @@ def _report(name, target, devices, config, steps, attention, started) -> dict:
 
 
 def _write(workdir: str, result: dict) -> None:
-  """compile_report.json, whole or not at all."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, REPORT)
-  with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=2)
-  os.replace(f"{path}.tmp", path)
+  """compile_report.json, whole or not at all; WorkdirError if it cannot be written."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    files.write_json(os.path.join(workdir, REPORT), result)
+  except OSError as error:
+    raise WorkdirError(f"workdir {workdir}: cannot write {REPORT} ({error.strerror or error}); "
+                       "give a directory you can write to with --workdir") from None
 
 
 def table(result: dict) -> str:

@@ -44,10 +44,16 @@ def parse_variants(arg: str | None, defaults: dict[str, str],
   """
   chosen = dict(defaults)
   for item in filter(None, (arg or "").split(",")):
-    name, _, value = item.partition("=")
+    name, equals, value = item.partition("=")
+    if not defaults:
+      raise ConfigError(f"this config takes no variant arguments, got {arg!r}; give the "
+                        "config file alone and change keys with --config.KEY=VALUE")
     if name not in defaults:
       raise ConfigError(f"unknown variant {name!r} in --config ...:{arg}; allowed: "
                         f"{', '.join(defaults)}")
+    if not equals:
+      raise ConfigError(f"variant {name!r} in --config ...:{arg} has no value; write "
+                        f"{name}=VALUE")
     chosen[name] = value
   for name, allowed in (choices or {}).items():
     if chosen[name] not in allowed:

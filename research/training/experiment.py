@@ -7,6 +7,10 @@ An `Experiment` (registered in research.experiments under the name that
   build(config) -> Workload           model, data and pure loss / evaluation functions
   build_shapes(config) -> Workload    optional: the same, with placeholder batches of the
                                       largest shape (for compiling when the data is slow)
+  generates_data(config) -> bool  optional, with build_shapes: build(config) would generate
+                               its data (minutes), so the loop compiles build_shapes' step
+                               first; otherwise it builds (reading and checking the user's
+                               files) before compiling anything
 
 and the loop, which is handed the Experiment, does the rest (devices, optimizer,
 checkpoints, metrics). Everything in a Workload except the data streams is a pure function
@@ -70,3 +74,7 @@ class Experiment(NamedTuple):
   # build_shapes(config) -> a Workload to compile, not train (`--compile_only`): the real
   # model, loss and evaluation, with batches of the largest shape training meets, without
   # reading or generating the data. None: `build` is cheap enough.
+  generates_data: Callable[[Any], bool] | None = None
+  # generates_data(config): True when build(config) would spend minutes making data (the
+  # loop then compiles build_shapes(config)'s step first, refusing what cannot run before
+  # the wait). None: never.

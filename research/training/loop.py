@@ -13,6 +13,9 @@ What a run guarantees:
   a failed save         CheckpointSaveError at the next step; the last complete one stays
   NaN / Inf loss        NonFiniteLossError naming the step; the last good checkpoint stays
   a second run          WorkdirError while a live run holds the workdir
+  refused before start  (bad input, a step that cannot fit) the workdir as it was found
+  files read back       written whole (research/training/files.py); config.json that
+                        cannot be read refused, naming it
 """
 
 import contextlib
@@ -28,8 +31,8 @@ import time
 import jax
 import numpy as np
 
-from research.errors import ConfigError, RunFailed
-from research.training import parallel, plots
+from research.errors import ConfigError, RunFailed, WorkdirError
+from research.training import files, parallel, plots
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.compile import (
@@ -38,7 +41,13 @@ from research.training.compile import (
   memory_bytes,
   refusals_as_config_errors,
 )
-from research.training.metrics import MetricsWriter, NonFiniteLossError, Progress
+from research.training.metrics import (
+  METRICS_FILE,
+  TENSORBOARD,
+  MetricsWriter,
+  NonFiniteLossError,
+  Progress,
+)
 from research.training.experiment import Experiment
 from research.training.train_step import (
   init_state,
@@ -56,6 +65,8 @@ RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                   "distributed.coordinator_address", "distributed.num_processes",
                   "distributed.process_id")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+CONFIG, FINAL_METRICS, LOSS_PLOT, CHECKPOINTS = ("config.json", "final_metrics.json", "loss.png",
+                                                 "checkpoints")
 
 
 class Stopped(Exception):
@@ -75,7 +86,18 @@ def validate(config, experiment: Experiment) -> None:
   """Raises ConfigError for any bad value, before anything is built or compiled."""
   check_shared(config)
   check_devices(config)
-  experiment.validate(config)
+  validate_experiment(config, experiment)
+
+
+def validate_experiment(config, experiment: Experiment) -> None:
+  """experiment.validate(config), a config without the experiment's keys refused as a ConfigError."""
+  try:
+    experiment.validate(config)
+  except (AttributeError, KeyError) as error:     # a config made without the experiment's keys
+    missing = str(error).strip('"')
+    raise ConfigError(f"config.experiment={config.experiment!r} needs the keys of its experiment's "
+                      f"config, and this config has no {missing}; start it from that "
+                      "experiment's get_config()") from None
 
 
 def train_and_evaluate(config, workdir: str, experiment: Experiment) -> dict:
@@ -93,12 +115,14 @@ def train(config, workdir: str, experiment: Experiment) -> dict:
   Raises WorkdirError, ConfigError (a workdir of another config), InputError (a
   malformed data file), CheckpointMismatchError, Stopped, or a RunFailed.
   """
-  with workdirs.hold(workdir):
+  with workdirs.hold(workdir) as lease:
+    workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT),
+                           directories=(CHECKPOINTS, TENSORBOARD))
     _check_config(config, workdir)
-    return _train(config, workdir, experiment)
+    return _train(config, workdir, experiment, lease)
 
 
-def _train(config, workdir: str, experiment: Experiment) -> dict:
+def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease) -> dict:
   train, started = config.train, time.perf_counter()
 
   # ---- Workload, optimizer, the steps compiled from shapes (refusals before anything runs) ---
@@ -130,8 +154,8 @@ def _train(config, workdir: str, experiment: Experiment) -> dict:
                 make_eval_step(workload, strategy.axis_name), shapes.params,
                 strategy.abstract_batch(b)))))
 
-  if experiment.build_shapes is not None:   # the largest step, before making the data
-    largest = experiment.build_shapes(config)
+  if experiment.generates_data is not None and experiment.generates_data(config):
+    largest = experiment.build_shapes(config)   # the largest step, before making the data
     steps(largest)[0].compile(next(largest.train_data))
     traces.clear()
   workload = experiment.build(config)
@@ -139,13 +163,15 @@ def _train(config, workdir: str, experiment: Experiment) -> dict:
   host_batch = next(workload.train_data)
   train_step.compile(host_batch)
   eval_step.compile(workload.eval_data[0])
-  _write_config(config, workdir)
-  _write_files(workload.files, workdir)
+  lease.start()                     # the first write into the workdir (see workdir.hold)
+  with _writing(workdir):
+    _write_config(config, workdir)
+    _write_files(workload.files, workdir)
   state = jax.jit(lambda rng: init_state(workload, optimizer, rng),
                   out_shardings=strategy.state_sharding)(keys()[0])
 
   # ---- Resume -------------------------------------------------------------------------
-  checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), train.keep_checkpoints)
+  checkpoints = Checkpoints(os.path.join(workdir, CHECKPOINTS), train.keep_checkpoints)
   start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
   if restored is not None:
     start, state, unlogged = restored.step, restored.state, _from_json(restored.unlogged_metrics)
@@ -185,7 +211,7 @@ def _train(config, workdir: str, experiment: Experiment) -> dict:
         if step % train.eval_every == 0 or step == train.num_steps:
           writer.write(step, evaluate(state))
           if jax.process_index() == 0:
-            plots.plot_curves(writer.history, os.path.join(workdir, "loss.png"))
+            plots.plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))
         if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
           checkpoints.save(step, strategy.host_state(state), workload.train_data.get_state(),
                            _to_json(unlogged))
@@ -194,10 +220,12 @@ def _train(config, workdir: str, experiment: Experiment) -> dict:
           checkpoints.raise_if_failed(wait=True)
           raise Stopped(stopping, step, checkpoints.directory)
     except OSError as error:
+      latest = checkpoints.latest_step()
+      kept = ("no checkpoint was written yet" if latest is None else
+              f"the last complete checkpoint (step {latest}) is kept")
       raise WriteError(f"cannot write {error.filename or workdir} ({error.strerror or error}); "
-                       f"stopping. The last complete checkpoint (step "
-                       f"{checkpoints.latest_step()}) is kept: make room and run the same "
-                       "command again to resume") from error
+                       f"stopping: {kept}. Make room and run the same command again to "
+                       "resume") from error
 
   # ---- Final evaluation and report ------------------------------------------------------
   final = {k: v for r in writer.history if r["step"] == train.num_steps for k, v in r.items()
@@ -205,15 +233,27 @@ def _train(config, workdir: str, experiment: Experiment) -> dict:
   if workload.report is not None:
     report = workload.report(jax.device_get(strategy.host_state(state).params))
     final |= report.metrics
-    _write_report(report, workdir)
+    with _writing(workdir):
+      _write_report(report, workdir)
   final |= {"perf/compile_seconds": sum(train_step.seconds), "perf/train_step_traces": len(traces),
             "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")]),
             "perf/step_memory_mib": train_step.memory_mib(), **_peak_memory_mib(),
             "perf/wall_seconds": time.perf_counter() - started}
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
-      json.dump(final, f, indent=2)
+    with _writing(workdir):
+      files.write_json(os.path.join(workdir, FINAL_METRICS), final)
   return final
+
+
+@contextlib.contextmanager
+def _writing(workdir: str):
+  """An OSError of the block (a full disk) as a WriteError naming the file."""
+  try:
+    yield
+  except OSError as error:
+    raise WriteError(f"cannot write {error.filename or workdir} ({error.strerror or error}); "
+                     "make room and run the same command again (it resumes from the last "
+                     "checkpoint)") from error
 
 
 def _peak_memory_mib() -> dict:
@@ -227,9 +267,10 @@ def _peak_memory_mib() -> dict:
 def _check_finite(window: list[dict], first_step: int, last_checkpoint: int | None) -> list[dict]:
   for offset, metrics in enumerate(window):
     if not np.isfinite(metrics["loss"]):
+      kept = ("no checkpoint was written yet" if last_checkpoint is None else
+              f"the last good checkpoint (step {last_checkpoint}) is kept")
       raise NonFiniteLossError(
-          f"loss is {float(metrics['loss'])} at step {first_step + offset}; stopping. The last "
-          f"good checkpoint (step {last_checkpoint}) is kept.")
+          f"loss is {float(metrics['loss'])} at step {first_step + offset}; stopping: {kept}")
   return window
 
 
@@ -288,27 +329,35 @@ def _stop_signals():
 
 
 def _check_config(config, workdir: str) -> None:
-  """A workdir of a different run (other than RESUMABLE_KEYS) is refused."""
-  path = os.path.join(workdir, "config.json")
+  """A workdir of a different run (other than RESUMABLE_KEYS), or whose config.json cannot
+  be read, is refused."""
+  path = os.path.join(workdir, CONFIG)
   new = json.loads(config.to_json_best_effort())
-  if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
-    changed = sorted(k for k in set(_flatten(old)) | set(_flatten(new))
-                     if _flatten(old).get(k) != _flatten(new).get(k) and k not in RESUMABLE_KEYS)
-    if changed:
-      raise ConfigError(f"workdir {workdir} holds a run with a different config (keys "
-                        f"{', '.join(changed)}); use a new --workdir")
+  try:
+    old = files.read_json(path)
+  except FileNotFoundError:
+    return
+  except files.UnreadableFile as error:
+    raise WorkdirError(
+        f"workdir {workdir} cannot be resumed: {error}. It records the config of the run "
+        f"there: put back a whole copy, delete it to run this command's config there (its "
+        f"checkpoints are resumed), or give another --workdir") from None
+  old, new = _flatten(old), _flatten(new)
+  changed = sorted(k for k in set(old) | set(new)
+                   if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
+  if changed:
+    value = lambda flat, k: repr(flat[k]) if k in flat else "absent"
+    shown = "; ".join(f"config.{k} {value(old, k)} there, {value(new, k)} now"
+                      for k in changed[:4])
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    raise ConfigError(f"workdir {workdir} holds a run with a different config ({shown}{more}); "
+                      "use a new --workdir")
 
 
 def _write_config(config, workdir: str) -> None:
   """Writes config.json (once the steps compiled: a refused run leaves the workdir as it was)."""
-  path = os.path.join(workdir, "config.json")
-  new = json.loads(config.to_json_best_effort())
   if jax.process_index() == 0:
-    with open(f"{path}.tmp", "w") as f:      # whole or not at all: other hosts read it
-      json.dump(new, f, indent=2)
-    os.replace(f"{path}.tmp", path)
+    files.write_json(os.path.join(workdir, CONFIG), json.loads(config.to_json_best_effort()))
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -333,5 +382,4 @@ def _write_files(texts: dict[str, str], workdir: str) -> None:
   if jax.process_index() != 0:
     return
   for name, text in texts.items():
-    with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
-      f.write(text)
+    files.write_text(os.path.join(workdir, name), text)

@@ -10,10 +10,12 @@ import time
 import jax
 
 from research.errors import RunFailed
+from research.training.files import atomic_write
 from research.training.tensorboard import EventWriter
 from research.training.workdir import unused_path
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD = "tensorboard"          # the event files' directory
 
 
 class NonFiniteLossError(RunFailed, FloatingPointError):
@@ -35,7 +37,7 @@ class MetricsWriter:
     self.enabled = jax.process_index() == 0
     self.history = self._resume(resume_step)
     self.tensorboard = EventWriter(
-        os.path.join(workdir, "tensorboard"),
+        os.path.join(workdir, TENSORBOARD),
         purge_step=resume_step + 1 if resume_step else None) if self.enabled else None
 
   def _resume(self, step: int) -> list[dict]:
@@ -55,10 +57,8 @@ class MetricsWriter:
     if tail and self.enabled:
       aside = unused_path(os.path.join(os.path.dirname(self.path), f"metrics.after_step_{step}"),
                           ".jsonl")
-      with open(aside, "wb") as f:
+      with atomic_write(aside, "wb") as f:
         f.write(tail)
-        f.flush()
-        os.fsync(f.fileno())
       os.truncate(self.path, offset)
     return history
 
@@ -87,13 +87,15 @@ def _naming(path: str):
 
 
 def _parse(line: bytes) -> dict | None:
-  """A complete metrics.jsonl record, or None for a torn (half-written) line."""
+  """A complete metrics.jsonl record ({"step": int, ...}), or None for a torn
+  (half-written) line or anything else."""
   if not line.endswith(b"\n"):
     return None
   try:
-    return json.loads(line)
+    record = json.loads(line)
   except ValueError:
     return None
+  return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
 
 
 class Progress:

@@ -1,10 +1,18 @@
-"""Sweeps: every point of a config's get_sweep() into its own subdirectory, plus a summary."""
+"""Sweeps: every point of a config's get_sweep() into its own subdirectory, plus a summary.
+
+A point whose final_metrics.json is there and readable is done and skipped; one whose
+file cannot be read (cut short by an older version's kill, say) is trained again, which
+resumes from its last checkpoint and writes the file anew.
+"""
 
 import csv
-import json
+import io
 import os
+import sys
 
-from research.training.loop import train, validate
+from research.errors import ConfigError, UserError
+from research.training import files
+from research.training.loop import FINAL_METRICS, train, validate
 from research.training.experiment import Experiment
 from research.training.validation import apply_overrides
 
@@ -16,38 +24,76 @@ def point_name(point: dict) -> str:
   return ",".join(f"{key}={value}" for key, value in point.items()).replace("/", "_")
 
 
+def point_configs(config, points, experiment: Experiment) -> list:
+  """Each point's config (config with the point's overrides), validated, before any point
+  runs; ConfigError naming the point (its index in get_sweep() and its overrides)."""
+  if not isinstance(points, (list, tuple)) or not all(isinstance(p, dict) for p in points):
+    raise ConfigError(f"get_sweep() must return a list of {{config key: value}} dicts, got "
+                      f"{points!r:.200}")
+  if not points:
+    raise ConfigError("get_sweep() returned no point; a sweep needs at least one")
+  first = {}
+  configs = []
+  for index, point in enumerate(points):
+    name = point_name(point)
+    if not point:
+      raise ConfigError(f"sweep point {index} is {{}}: each point needs at least one override "
+                        "(its directory is named after them)")
+    if name in first:
+      raise ConfigError(f"sweep points {first[name]} and {index} are the same ({name}); each "
+                        "point needs its own overrides")
+    first[name] = index
+    try:
+      configs.append(apply_overrides(config, point))
+      validate(configs[-1], experiment)
+    except ConfigError as error:
+      raise ConfigError(f"sweep point {index} ({name}): {error}") from None
+  return configs
+
+
 def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment) -> list[dict]:
   """Trains each point (resuming unfinished ones, skipping finished ones) and writes
   summary.csv / summary.md of the final metrics. Every point's config is validated
   once, before the first one starts. Returns one row per point: its overrides + final
   metrics."""
-  configs = [apply_overrides(config, point) for point in points]
-  for point_config in configs:
-    validate(point_config, experiment)
+  configs = point_configs(config, points, experiment)
   rows = []
-  for point, point_config in zip(points, configs, strict=True):
+  for index, (point, point_config) in enumerate(zip(points, configs, strict=True)):
     point_dir = os.path.join(workdir, point_name(point))
-    done = os.path.join(point_dir, "final_metrics.json")
-    if os.path.exists(done):
-      with open(done) as f:
-        final = json.load(f)
-    else:
-      final = train(point_config, point_dir, experiment)
+    final = _finished(point_dir)
+    if final is None:
+      try:
+        final = train(point_config, point_dir, experiment)
+      except UserError as error:     # a file or workdir of this point: say which point
+        raise type(error)(f"sweep point {index} ({point_name(point)}): {error}") from error
     rows.append({**point, **final})
     write_summary(rows, workdir)
   return rows
 
 
+def _finished(point_dir: str) -> dict | None:
+  """The final metrics of a finished point, None for a point to (re)train."""
+  try:
+    return files.read_json(os.path.join(point_dir, FINAL_METRICS))
+  except FileNotFoundError:
+    return None
+  except files.UnreadableFile as error:
+    print(f"sweep: {error}; training the point again (it resumes from its last checkpoint)",
+          file=sys.stderr, flush=True)
+    return None
+
+
 def write_summary(rows: list[dict], workdir: str) -> None:
+  """summary.csv and summary.md of the rows, each written whole."""
   columns = list(dict.fromkeys(key for row in rows for key in row))
-  with open(os.path.join(workdir, SUMMARY_CSV), "w", newline="") as f:
-    writer = csv.DictWriter(f, columns)
-    writer.writeheader()
-    writer.writerows(rows)
+  table = io.StringIO()
+  writer = csv.DictWriter(table, columns)
+  writer.writeheader()
+  writer.writerows(rows)
+  files.write_text(os.path.join(workdir, SUMMARY_CSV), table.getvalue())
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-  with open(os.path.join(workdir, SUMMARY_MD), "w") as f:
-    f.write("\n".join(lines) + "\n")
+  files.write_text(os.path.join(workdir, SUMMARY_MD), "\n".join(lines) + "\n")
 
 
 def _cell(value) -> str:

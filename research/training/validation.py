@@ -1,5 +1,11 @@
-"""Configuration errors raised before anything is compiled."""
+"""Configuration errors raised before anything is compiled.
 
+Numbers must be finite, ints fit int32 (the step counter's and the data's index type;
+the seed an int64), and data that would not fit the host's memory is refused with what
+it would need (`check_host_memory`).
+"""
+
+import math
 from collections.abc import Iterable
 
 import jax
@@ -7,6 +13,8 @@ import ml_collections
 
 from research.errors import ConfigError
 from research.training import distributed
+from research.training.compile import available_ram, gib
+from research.training.config import base_config
 from research.training.parallel import STRATEGIES
 from research.training.train_step import SCHEDULES
 
@@ -27,19 +35,62 @@ def check_choice(config, key: str, allowed: Iterable) -> None:
                       f"{', '.join(map(repr, allowed))}")
 
 
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**63 - 1            # jax.random.key takes an int64
+
+
 def check_positive(config, *keys: str, allow_zero: bool = False) -> None:
+  """Each key a finite number > 0 (>= 0 with allow_zero); an int at most INT32_MAX."""
   for key in keys:
     value = get(config, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
-        value == 0 and not allow_zero):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    finite = number and (isinstance(value, int) or math.isfinite(value))
+    if not finite or value < 0 or (value == 0 and not allow_zero):
       bound = ">= 0" if allow_zero else "> 0"
-      raise ConfigError(f"config.{key}={value!r} must be a number {bound}")
+      kind = "finite number" if number and not finite else "number"
+      raise ConfigError(f"config.{key}={value!r} must be a {kind} {bound}")
+    if isinstance(value, int) and value > INT32_MAX:
+      raise ConfigError(f"config.{key}={value!r} must be at most {INT32_MAX} (an int32)")
 
 
 def check_int(config, *keys: str) -> None:
   for key in keys:
     if not isinstance(get(config, key), int) or isinstance(get(config, key), bool):
       raise ConfigError(f"config.{key}={get(config, key)!r} must be an int")
+
+
+def check_rate(config, *keys: str) -> None:
+  """Each key a rate in [0, 1) (a dropout probability)."""
+  for key in keys:
+    value = get(config, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+      raise ConfigError(f"config.{key}={value!r} must be in [0, 1)")
+
+
+def check_range(config, key: str, low: float, high: float, why: str = "") -> None:
+  """config.key a finite number in [low, high]; `why` says what the bounds keep."""
+  value = get(config, key)
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    raise ConfigError(f"config.{key}={value!r} must be a number in [{low:g}, {high:g}]"
+                      + (f" ({why})" if why else ""))
+
+
+def check_host_memory(config, keys: Iterable[str], needed: int, what: str) -> None:
+  """ConfigError when `needed` bytes of host memory (for `what`, sized by the config keys)
+  exceed the memory this machine has available; the message shows the keys' values."""
+  available = available_ram()
+  if available is not None and needed > available:
+    values = ", ".join(f"config.{key}={get(config, key)!r}" for key in keys)
+    raise ConfigError(f"{values} would need {gib(needed)} of host memory for {what}, but "
+                      f"this machine has {gib(available)} available; make them smaller")
+
+
+def check_parameter_memory(config, keys: Iterable[str], count: int) -> None:
+  """The model's `count` parameters (an estimate from the config `keys`), with their
+  gradients and Adam's two moments in float32, must fit the host's memory: a model too
+  large for any device is refused before it is traced."""
+  check_host_memory(config, keys, 16 * count,
+                    f"about {count:,} parameters, their gradients and Adam's moments")
 
 
 def check_divides(config, divisor_key: str, key: str) -> None:
@@ -62,12 +113,45 @@ def check_shared(config) -> None:
   check_positive(config, *(f"train.{k}" for k in TRAIN_NON_NEGATIVE), allow_zero=True)
   check_int(config, "seed", *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
             "train.warmup_steps")
+  if not 0 <= config.seed <= SEED_MAX:
+    raise ConfigError(f"config.seed={config.seed!r} must be in 0 … {SEED_MAX} (an int64)")
   check_divides(config, "train.log_every", "train.checkpoint_every")
   check_choice(config, "train.parallelism", STRATEGIES)
   check_choice(config, "train.schedule", SCHEDULES)
-  if not 0 <= config.train.adam_b2 < 1:
+  if not (isinstance(config.train.adam_b2, (int, float)) and 0 <= config.train.adam_b2 < 1):
     raise ConfigError(f"config.train.adam_b2={config.train.adam_b2!r} must be in [0, 1)")
   distributed.check(config)
+
+
+def check_base_keys(config, what: str) -> None:
+  """`what` (a config) is an ml_collections.ConfigDict with every key of base_config()."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"{what} returned {config!r:.60} (a {type(config).__name__}), not an "
+                      "ml_collections.ConfigDict; start it from research.training.base_config()")
+  missing = [key for key in _leaves(base_config()) if not _has(config, key)]
+  if missing:
+    raise ConfigError(f"{what} has no {', '.join(f'config.{k}' for k in missing[:5])}"
+                      f"{' …' if len(missing) > 5 else ''}; start it from "
+                      "research.training.base_config()")
+
+
+def _leaves(node, prefix: str = "") -> list[str]:
+  keys = []
+  for key, value in node.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      keys += _leaves(value, f"{prefix}{key}.")
+    else:
+      keys.append(f"{prefix}{key}")
+  return keys
+
+
+def _has(config, key: str) -> bool:
+  node = config
+  for part in key.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      return False
+    node = node[part]
+  return True
 
 
 def check_devices(config, key: str = "train.batch_size") -> None:

@@ -2,6 +2,7 @@
 from the recipe's text (not from research.data.listops)."""
 
 import collections
+import os
 import statistics
 
 import pytest
@@ -101,7 +102,7 @@ def test_the_command_writes_three_files(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("content,message", [
-    ("", "expected the header 'Source<TAB>Target', got 'an empty file'"),
+    ("", "expected the header 'Source<TAB>Target', got an empty file"),
     ("Source\tTarget\n", "no examples after the header"),
     ("Source\tTarget\n( [MAX 1 ) ] )\t12\n", ":2: expected Source<TAB>Target with a target 0–9"),
     ("Source\tTarget\nno tab here\n", ":2: expected Source<TAB>Target"),
@@ -111,4 +112,19 @@ def test_bad_files_name_file_and_line(tmp_path, content, message):
   path = tmp_path / "bad.tsv"
   path.write_text(content)
   with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    listops.read_split(path)
+
+
+def test_a_source_longer_than_the_csv_modules_field_limit_is_read(tmp_path):
+  """LRA's files are read line by line: no csv field limit (131 072 characters) applies."""
+  source = "( ( [SM " + "1 " * 100_000 + ") ] )"
+  path = tmp_path / "long.tsv"
+  path.write_text(f"Source\tTarget\n{source}\t0\n")
+  assert listops.read_split(path) == [(source, 0)]
+
+
+def test_a_file_that_cannot_be_read_is_named(tmp_path):
+  path = tmp_path / "train.tsv"
+  os.symlink("/proc/self/mem", path)                 # reading it fails even for root
+  with pytest.raises(InputError, match=rf"{path}: cannot be read \(Input/output error\)"):
     listops.read_split(path)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from research.data import python_corpus
+from research.errors import InputError
 
 LAYOUT = {
     "os.py": b"import abc\n",
@@ -145,3 +146,15 @@ def test_random_windows_are_seeded_slices_of_the_stream():
   np.testing.assert_array_equal(edge, np.tile(np.arange(33), (4, 1)))
   with pytest.raises(ValueError, match="no window of 33"):
     python_corpus.random_windows(np.arange(32), np.random.default_rng(0), 4, 32)
+
+
+@pytest.mark.parametrize("make, fault", [
+    (lambda path: os.symlink(path + ".gone", path), r"a symlink to '.*\.gone', which does not exist"),
+    (os.mkfifo, "not a regular file"),                # reading one would wait forever
+    (lambda path: os.symlink("/proc/self/mem", path), r"cannot be read \(Input/output error\)"),
+])
+def test_a_py_file_that_cannot_be_read_is_named(library, make, fault):
+  make(os.path.join(library, "json", "broken.py"))
+  with pytest.raises(InputError, match=rf"{library}/json/broken\.py: {fault}; the corpus reads "
+                                       rf"every \.py file under {library}"):
+    python_corpus.load(library)

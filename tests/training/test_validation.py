@@ -2,8 +2,15 @@
 
 import pytest
 
-from research.training.config import base_config
-from research.training.validation import ConfigError, apply_overrides, check_shared, parse_value
+from research.training.config import base_config, parse_variants
+from research.training.validation import (
+  ConfigError,
+  apply_overrides,
+  check_base_keys,
+  check_host_memory,
+  check_shared,
+  parse_value,
+)
 
 
 def test_unknown_key_lists_the_neighbouring_keys():
@@ -43,6 +50,12 @@ def test_apply_overrides_copies_and_checks_types():
     ("train.checkpoint_every", 75, r"train\.log_every=50 must divide config\.train\.checkpoint_every=75"),
     ("distributed.coordinator_address", "localhost",
      r"coordinator_address='localhost' must be HOST:PORT"),
+    ("train.learning_rate", float("nan"), r"learning_rate=nan must be a finite number > 0"),
+    ("train.weight_decay", float("inf"), r"weight_decay=inf must be a finite number >= 0"),
+    ("train.adam_b2", float("nan"), r"adam_b2=nan must be in \[0, 1\)"),
+    ("train.num_steps", 2**31, r"num_steps=2147483648 must be at most 2147483647 \(an int32\)"),
+    ("seed", -1, r"seed=-1 must be in 0 … 9223372036854775807"),
+    ("seed", 2**63, r"seed=9223372036854775808 must be in 0 …"),
 ])
 def test_shared_checks(key, value, message):
   with pytest.raises(ConfigError, match=message):
@@ -60,3 +73,30 @@ def test_distributed_process_numbers(num_processes, process_id, message):
                                            "distributed.process_id": process_id})
   with pytest.raises(ConfigError, match=message):
     check_shared(config)
+
+
+def test_a_size_that_would_not_fit_says_what_it_would_need():
+  config = apply_overrides(base_config(), {"train.batch_size": 2**30})
+  check_host_memory(config, ("train.batch_size",), 1024, "a kilobyte")
+  with pytest.raises(ConfigError, match=r"config\.train\.batch_size=1073741824 would need "
+                                        r"4294967296\.00 GiB of host memory for its batches, but "
+                                        r"this machine has .* available"):
+    check_host_memory(config, ("train.batch_size",), 2**62, "its batches")
+
+
+def test_a_config_file_without_the_base_keys_is_named():
+  config = base_config()
+  del config.train["schedule"]
+  with pytest.raises(ConfigError, match=r"x\.py: get_config\(\) has no config\.train\.schedule; "
+                                        r"start it from research\.training\.base_config\(\)"):
+    check_base_keys(config, "x.py: get_config()")
+  with pytest.raises(ConfigError, match=r"returned 5 \(a int\), not an ml_collections"):
+    check_base_keys(5, "get_config()")
+
+
+def test_a_config_without_variants_refuses_any_and_a_variant_needs_a_value():
+  assert parse_variants(None, {}) == {}
+  with pytest.raises(ConfigError, match="this config takes no variant arguments, got 'a=1'"):
+    parse_variants("a=1", {})
+  with pytest.raises(ConfigError, match=r"variant 'a' in --config \.\.\.:a has no value"):
+    parse_variants("a", {"a": "x"})

@@ -1,5 +1,6 @@
 """One writer per workdir, and workdirs that cannot be used, in process."""
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -46,3 +47,60 @@ def test_a_location_that_cannot_be_written_is_refused():
   with pytest.raises(WorkdirError, match=r"workdir /sys/research-workdir cannot be created \("):
     with workdir.hold("/sys/research-workdir"):
       pass
+
+
+class Refused(Exception):
+  pass
+
+
+def test_a_run_refused_before_it_starts_leaves_no_trace(tmp_path):
+  fresh = tmp_path / "runs" / "fresh"
+  with pytest.raises(Refused), workdir.hold(str(fresh)):
+    assert (fresh / workdir.LOCK_FILE).exists()
+    raise Refused
+  assert os.listdir(tmp_path) == []                  # the workdir and its parent it made
+  (tmp_path / "found").mkdir()
+  (tmp_path / "found" / "notes").write_text("mine")
+  with pytest.raises(Refused), workdir.hold(str(tmp_path / "found")):
+    raise Refused
+  assert os.listdir(tmp_path / "found") == ["notes"]
+
+
+def test_a_started_run_and_an_earlier_lock_file_are_kept(tmp_path):
+  with pytest.raises(Refused), workdir.hold(str(tmp_path / "run")) as lease:
+    lease.start()
+    raise Refused                                    # a run that failed after it started
+  assert os.listdir(tmp_path / "run") == [workdir.LOCK_FILE]
+  with pytest.raises(Refused), workdir.hold(str(tmp_path / "run")):
+    raise Refused                                    # refused: the earlier lock file stays
+  assert os.listdir(tmp_path / "run") == [workdir.LOCK_FILE]
+
+
+def test_a_run_refused_as_busy_leaves_the_holders_lock(tmp_path):
+  with workdir.hold(str(tmp_path)):
+    holder = (tmp_path / workdir.LOCK_FILE).read_text()
+    with pytest.raises(WorkdirError, match="in use by a live run"):
+      with workdir.hold(str(tmp_path)):
+        pass
+    assert (tmp_path / workdir.LOCK_FILE).read_text() == holder
+
+
+def test_a_lock_file_removed_between_open_and_lock_is_opened_again(tmp_path, monkeypatch):
+  """A refused run removes its lock file while holding it: a run that opened the file
+  just before must not hold the removed file, but the one at the path."""
+  path = tmp_path / workdir.LOCK_FILE
+  path.write_text("pid 1 on a host that ended\n")
+  real, calls = fcntl.flock, []
+
+  def flock(handle, operation):
+    if not calls:
+      os.remove(path)                                # the refused run, between open and lock
+    calls.append(operation)
+    return real(handle, operation)
+
+  monkeypatch.setattr(fcntl, "flock", flock)
+  with workdir.hold(str(tmp_path)):
+    assert len(calls) == 2 and path.read_text().startswith(f"pid {os.getpid()} ")
+    with pytest.raises(WorkdirError, match="in use by a live run"):
+      with workdir.hold(str(tmp_path)):
+        pass

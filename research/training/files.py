@@ -1,0 +1,86 @@
+"""Files that runs and sweeps write and read back, written whole or not at all.
+
+Every file the runtime writes and later reads (config.json, final_metrics.json, a sweep's
+summaries, an experiment's files and report, generated data, plots) goes through `atomic_write`:
+the content is written to a temporary file beside the target, flushed to disk, and renamed
+over it (`os.replace`, atomic on POSIX). A kill or a full disk at any moment leaves the
+previous file or the new one, never a part of one; a failed write removes its temporary.
+
+A file cut short can still be met (written by an older version, copied by hand):
+`read_json` names it and what is wrong in one line (`UnreadableFile`), for the caller to
+refuse or recover.
+"""
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from typing import IO, Any
+
+
+class UnreadableFile(ValueError):
+  """A file that exists but cannot be read back: empty, cut short, not what it should be."""
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args) -> Iterator[IO]:
+  """An open file (mode "w" or "wb") whose content replaces `path` when the block ends
+  without an exception; until then `path` is untouched. The new file gets the usual
+  permissions (the umask's), not a temporary file's private ones."""
+  path = os.fspath(path)
+  directory, name = os.path.split(path)
+  temporary = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+  try:
+    with open(temporary, mode.replace("w", "x"), **open_args) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(temporary, path)
+  except BaseException as error:
+    with contextlib.suppress(OSError):
+      os.remove(temporary)
+    if isinstance(error, OSError) and error.filename == temporary:    # say which file
+      raise OSError(error.errno, error.strerror, path) from error
+    raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+  """`text` as UTF-8 into `path`, atomically."""
+  with atomic_write(path, "w", encoding="utf-8") as f:
+    f.write(text)
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+  """`value` as indented JSON into `path`, atomically."""
+  write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def read_json(path: str | os.PathLike, kind: type = dict) -> Any:
+  """The JSON value of `path`, which must be a `kind`.
+
+  Raises FileNotFoundError if there is no such file, UnreadableFile naming the file and
+  the fault (empty, cut short or not JSON, not UTF-8, not a `kind`, an OS error).
+  """
+  path = os.fspath(path)
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except FileNotFoundError:
+    raise
+  except OSError as error:
+    raise UnreadableFile(f"{path} cannot be read ({error.strerror or error})") from None
+  if not data.strip():
+    raise UnreadableFile(f"{path} is empty")
+  try:
+    value = json.loads(data.decode("utf-8"))
+  except UnicodeDecodeError as error:
+    raise UnreadableFile(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})"
+                         ) from None
+  except json.JSONDecodeError as error:
+    raise UnreadableFile(f"{path} is cut short or not JSON ({error.msg}: line {error.lineno} "
+                         f"column {error.colno})") from None
+  if not isinstance(value, kind):
+    raise UnreadableFile(f"{path} holds a JSON {type(value).__name__}, not "
+                         f"{'an object' if kind is dict else 'a ' + kind.__name__}")
+  return value
