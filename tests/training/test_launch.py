@@ -28,9 +28,9 @@ INVALID = {
                          "config.train.batch_size=12 must be divisible by the number of devices (8)"),
     "config does not parse": ("bad.py", {"bad.py": b"def get_config(:\n"}, [],
                               "--config: {dir}/bad.py does not parse: "),
-    "unknown task": ("task.py", {"task.py": b"from research.training import base_config\n"
+    "unknown experiment": ("experiment.py", {"experiment.py": b"from research.training import base_config\n"
                                             b"def get_config():\n  c = base_config()\n"
-                                            b"  c.task = 'nope'\n  return c\n"}, [],
+                                            b"  c.experiment = 'nope'\n  return c\n"}, [],
                      "config.experiment='nope' is not allowed; choose one of: " +
                      ", ".join(f"'{name}'" for name in experiments.names())),
     "workdir is a file": ("tiny", {"file": b"x"}, ["--workdir={dir}/file"],
