@@ -22,7 +22,8 @@ of Long Range Arena's Table 1, and memory-compressed attention beside them.
   performer          FAVOR+ (Choromanski et al. 2021): `num_features` positive orthogonal
                      random features per head, drawn once per layer
   synthesizer        Dense Synthesizer (Tay et al. 2021): weights [n, n] from each token
-                     alone by a two-layer MLP; needs `max_length`
+                     alone by a two-layer MLP; needs `max_length`; past 256 tokens made
+                     256 queries at a time (memory O(256·n), as LRA's inputs need)
   sinkhorn           Sparse Sinkhorn attention (Tay et al. 2020): blocks of `block_size`
                      sorted by a Sinkhorn-balanced block permutation; needs `max_length`
   reformer           LSH attention (Kitaev et al. 2020): shared query-key, `num_hashes`
@@ -55,6 +56,7 @@ from research.attention import (
 ATTENTIONS = ("full", "local", "longformer", "sparse", "bigbird", "linformer",
               "memory_compressed", "linear", "performer", "synthesizer", "sinkhorn", "reformer")
 NEEDS_MAX_LENGTH = ("linformer", "synthesizer", "sinkhorn")
+SYNTHESIZER_QUERY_BLOCK = 256   # queries per block of a longer Synthesizer (O(256·n) memory)
 
 
 def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
@@ -100,6 +102,8 @@ def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
                              num_features=num_features, seed=layer, dtype=dtype)
   if name == "synthesizer":
     return functools.partial(SynthesizerSelfAttention, num_heads, max_length,
+                             query_block=SYNTHESIZER_QUERY_BLOCK
+                             if max_length > SYNTHESIZER_QUERY_BLOCK else None,
                              qkv_features=features, dtype=dtype)
   if name == "sinkhorn":
     return functools.partial(SinkhornSelfAttention, num_heads, max_length,
