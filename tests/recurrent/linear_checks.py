@@ -28,6 +28,23 @@ def compiled(fn):
   return jax.jit(fn, static_argnums=0, compiler_options=QUICK_COMPILE)
 
 
+@compiled
+def run_layer(module, variables, x, **kwargs):
+  """An LRU / S5 layer over a whole sequence: (y, final state)."""
+  return module.apply(variables, x, **kwargs)
+
+
+@compiled
+def step_layer(module, variables, state, x_t):
+  """One step of an LRU / S5 layer: (state, y_t)."""
+  return module.apply(variables, state, x_t, method="step")
+
+
+@compiled
+def init_layer(module, rng, x):
+  return module.init(rng, x)
+
+
 def key(seed: int) -> jax.Array:
   """A PRNG key whose random bits are one XLA op (threefry's many would each be compiled
   into every initialisation)."""

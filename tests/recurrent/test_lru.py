@@ -17,10 +17,12 @@ from linear_checks import (
   assert_padding_is_each_sequence_alone,
   assert_parallel_equals_stepwise,
   assert_steps_equal_sequence,
-  compiled,
+  init_layer as init,
   key,
   outputs_and_grads,
   randn,
+  run_layer as run,
+  step_layer as step,
 )
 
 from research.recurrent import LRU
@@ -30,21 +32,6 @@ pytestmark = pytest.mark.usefixtures("highest_precision")
 torch.set_num_threads(1)
 
 B, T, H, N = 2, 6, 3, 4
-
-
-@compiled
-def run(module, variables, x, **kwargs):
-  return module.apply(variables, x, **kwargs)
-
-
-@compiled
-def step(module, variables, state, x_t):
-  return module.apply(variables, state, x_t, method="step")
-
-
-@compiled
-def init(module, rng, x):
-  return module.init(rng, x)
 
 
 def make(**kwargs):
