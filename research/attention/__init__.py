@@ -32,7 +32,6 @@ from research.attention.hard import (
                                            reinforce_surrogate,
                                            update_moving_average_baseline,
 )
-from research.attention.nadaraya_watson import SMOOTHING_KERNELS, NadarayaWatson, nadaraya_watson
 from research.attention.linear import LinearSelfAttention, kernelized_attention, linear_attention
 from research.attention.local import LocalAttention, local_attention_weights
 from research.attention.masks import (
@@ -43,6 +42,7 @@ from research.attention.masks import (
                                            window_mask,
 )
 from research.attention.multi_head import MultiHeadAttention
+from research.attention.nadaraya_watson import SMOOTHING_KERNELS, NadarayaWatson, nadaraya_watson
 from research.attention.performer import (
                                            PerformerSelfAttention,
                                            favor_attention,

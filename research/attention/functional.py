@@ -29,8 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from research.attention import implementations, kernels  # noqa: F401 (registration)
-from research.attention import block_sparse, platforms, registry
+from research.attention import block_sparse, implementations, kernels, platforms, registry  # noqa: F401 (registration)
 from research.attention.masks import Visibility
 
 Array = jax.Array

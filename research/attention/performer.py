@@ -27,7 +27,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from research.attention.linear import check_causal_form, kernelized_attention
 from research.attention.heads import (
   check_positive,
   check_qkv,
@@ -36,6 +35,7 @@ from research.attention.heads import (
   module_key,
   project_heads,
 )
+from research.attention.linear import check_causal_form, kernelized_attention
 
 Array = jax.Array
 

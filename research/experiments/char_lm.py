@@ -57,9 +57,9 @@ from research.attention import implementation_names
 from research.data import python_corpus
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError, InputError
+from research.experiments.registry import register
 from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel, sample
-from research.experiments.registry import register
 from research.training.experiment import Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,

@@ -31,6 +31,7 @@ from research.attention import implementation_names
 from research.data import listops
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError, InputError
+from research.experiments.registry import register
 from research.models.encoder_classifier import (
   CLASSIFIER_KINDS,
   POOLINGS,
@@ -39,7 +40,6 @@ from research.models.encoder_classifier import (
 )
 from research.models.self_attention import ATTENTIONS
 from research.models.transformer_block import NORMS
-from research.experiments.registry import register
 from research.training.experiment import Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,

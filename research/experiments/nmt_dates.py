@@ -40,9 +40,9 @@ from research.data.text import (
   warn_skipped,
 )
 from research.errors import ConfigError, InputError
+from research.experiments.registry import register
 from research.models.decoding import beam_search, greedy_decode
 from research.models.seq2seq import ATTENTIONS, CELLS, HARD_TRAINING, STYLES, Seq2Seq
-from research.experiments.registry import register
 from research.training.experiment import Heatmap, Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,

@@ -29,17 +29,17 @@ from research.attention import implementation_names
 from research.data import sequence_tasks as data
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError
+from research.experiments.registry import register
 from research.models.kinds import KINDS
 from research.models.sequence_model import ATTENTIONS, SequenceModel
-from research.experiments.registry import register
 from research.training.experiment import Workload
 from research.training.validation import (
-    COMPUTE_DTYPES,
-    check_choice,
-    check_divides,
-    check_host_memory,
-    check_parameter_memory,
-    check_positive,
+  COMPUTE_DTYPES,
+  check_choice,
+  check_divides,
+  check_host_memory,
+  check_parameter_memory,
+  check_positive,
 )
 
 TASKS = ("copy", "reverse", "adding", "recall")

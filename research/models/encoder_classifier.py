@@ -14,6 +14,7 @@ linear recurrence takes the self-attention's place (recurrent_mixer.py).
 Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters.
 """
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -81,7 +82,7 @@ class EncoderClassifier(nn.Module):
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(
         x + table[:x.shape[1]].astype(x.dtype))
     for layer in range(self.num_layers):
-      mixer = block_mixer(self.kind, lambda: self_attention(
+      mixer = block_mixer(self.kind, functools.partial(self_attention,
           self.attention, num_heads=self.num_heads, features=self.hidden_size,
           window=self.window, max_length=max_length, proj_len=self.proj_len,
           compression=self.compression, block_size=self.block_size,

@@ -18,6 +18,7 @@ and a long text is scored with a sliding window (research/experiments/char_lm.py
 Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters; logits are float32.
 """
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -26,8 +27,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from research.models.kinds import BLOCK_KINDS, KINDS, RECURRENT
-from research.models.recurrent_mixer import block_mixer
 from research.models.positions import sinusoidal_positions
+from research.models.recurrent_mixer import block_mixer
 from research.models.self_attention import self_attention
 from research.models.transformer_block import TransformerBlock
 
@@ -84,7 +85,7 @@ class LanguageModel(nn.Module):
     x = nn.Embed(VOCAB_SIZE, self.hidden_size, dtype=self.dtype, name="embed")(tokens)
     x = x + sinusoidal_positions(tokens.shape[1], self.hidden_size).astype(x.dtype)
     x = nn.Dropout(self.dropout, deterministic=not train)(x)
-    mixer = block_mixer(self.kind, lambda: self_attention(
+    mixer = block_mixer(self.kind, functools.partial(self_attention,
         "local" if self.window else "full", num_heads=self.num_heads,
         features=self.hidden_size, window=self.window, implementation=self.implementation,
         dtype=self.dtype), state_size=self.state_size, dtype=self.dtype)

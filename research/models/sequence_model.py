@@ -13,6 +13,7 @@ the whole sequence, and every position of the encoder sees every other. Matrix p
 run in `dtype` (e.g. bfloat16) with float32 parameters; the outputs are float32.
 """
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -20,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from research.models.kinds import KINDS, RECURRENT
-from research.models.recurrent_mixer import block_mixer
 from research.models.positions import sinusoidal_positions
+from research.models.recurrent_mixer import block_mixer
 from research.models.self_attention import self_attention
 from research.models.transformer_block import TransformerBlock
 
@@ -74,7 +75,7 @@ class SequenceModel(nn.Module):
     else:
       x = nn.Embed(self.vocab_size, self.hidden_size, dtype=self.dtype, name="embed")(inputs)
     x = x + sinusoidal_positions(x.shape[1], self.hidden_size).astype(x.dtype)
-    mixer = block_mixer(self.kind, lambda: self_attention(
+    mixer = block_mixer(self.kind, functools.partial(self_attention,
         self.attention, num_heads=self.num_heads, features=self.hidden_size,
         window=self.window, implementation=self.implementation, dtype=self.dtype),
                         state_size=self.state_size, dtype=self.dtype)

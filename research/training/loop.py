@@ -41,6 +41,7 @@ from research.training.compile import (
   memory_bytes,
   refusals_as_config_errors,
 )
+from research.training.experiment import Experiment
 from research.training.metrics import (
   METRICS_FILE,
   TENSORBOARD,
@@ -48,7 +49,6 @@ from research.training.metrics import (
   NonFiniteLossError,
   Progress,
 )
-from research.training.experiment import Experiment
 from research.training.train_step import (
   init_state,
   learning_rate_schedule,

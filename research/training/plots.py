@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from research.training.files import atomic_write  # noqa: E402
 from research.training.experiment import Heatmap  # noqa: E402
+from research.training.files import atomic_write  # noqa: E402
 
 MAX_INCHES = 40        # a heatmap's largest side (4000 pixels at 100 dpi)
 MAX_LABELS = 100       # tick labels per axis at most

@@ -12,8 +12,8 @@ import sys
 
 from research.errors import ConfigError, UserError
 from research.training import files
-from research.training.loop import FINAL_METRICS, train, validate
 from research.training.experiment import Experiment
+from research.training.loop import FINAL_METRICS, train, validate
 from research.training.validation import apply_overrides
 
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"

@@ -19,12 +19,12 @@ import pytest
 import torch
 from performer_pytorch import performer_pytorch
 
+from research.attention.heads import module_key
 from research.attention.performer import (
   PerformerSelfAttention,
   favor_attention,
   orthogonal_random_features,
 )
-from research.attention.heads import module_key
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 

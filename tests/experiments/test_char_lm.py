@@ -21,8 +21,8 @@ import pytest
 from research import experiments
 from research.data import python_corpus
 from research.errors import ConfigError, InputError
-from research.models.language_model import LanguageModel
 from research.experiments import char_lm
+from research.models.language_model import LanguageModel
 from research.training.loop import train_and_evaluate, validate
 from research.training.validation import apply_overrides
 

@@ -17,11 +17,17 @@ from linear_checks import (
   assert_padding_is_each_sequence_alone,
   assert_parallel_equals_stepwise,
   assert_steps_equal_sequence,
-  init_layer as init,
   key,
   outputs_and_grads,
   randn,
+)
+from linear_checks import (
+  init_layer as init,
+)
+from linear_checks import (
   run_layer as run,
+)
+from linear_checks import (
   step_layer as step,
 )
 
