@@ -311,8 +311,8 @@ def build(config, data: Data | None = None) -> Workload:
       for name, (n, d) in jax.device_get(evaluate_jit(params, batch)).items():
         sums[name] = sums.get(name, np.zeros(2)) + [np.sum(weight * n), np.sum(weight * d)]
     metrics = {f"test/{name}": float(n / d) for name, (n, d) in sums.items()}
-    if config.model.attention in LRA_TABLE_1:
-      metrics["lra/accuracy"] = LRA_TABLE_1[config.model.attention] / 100
+    if config.model.kind == "transformer" and config.model.attention in LRA_TABLE_1:
+      metrics["lra/accuracy"] = LRA_TABLE_1[config.model.attention] / 100   # LRA has no LRU / S5
     return Report(metrics)
 
   return Workload(init=init,
