@@ -12,24 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from random_draws import normal, random_params
 
 from research.attention.linear import LinearSelfAttention, linear_attention
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 B, N, H, D = 2, 7, 2, 3
-
-
-def normal(seed, shape):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def random_params(module, x):
-  """Parameters of the shapes `module.init` gives, drawn here (no compilation)."""
-  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
-  leaves, tree = jax.tree.flatten(shapes)
-  return {"params": jax.tree.unflatten(tree, [0.5 * normal(i + 30, s.shape)
-                                              for i, s in enumerate(leaves)])}
 
 
 def phi(x):

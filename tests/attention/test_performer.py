@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from performer_pytorch import performer_pytorch
+from random_draws import normal, random_params
 
 from research.attention.heads import module_key
 from research.attention.performer import (
@@ -29,18 +30,6 @@ from research.attention.performer import (
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 B, N, H, D, M = 2, 6, 2, 4, 16
-
-
-def normal(seed, shape, scale=1.0):
-  return scale * np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def random_params(module, x):
-  """Parameters of the shapes `module.init` gives, drawn here (no compilation)."""
-  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
-  leaves, tree = jax.tree.flatten(shapes)
-  return {"params": jax.tree.unflatten(tree, [0.5 * normal(i + 30, s.shape)
-                                              for i, s in enumerate(leaves)])}
 
 
 @functools.cache

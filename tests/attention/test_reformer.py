@@ -13,24 +13,13 @@ import numpy as np
 import pytest
 import reformer_pytorch
 import torch
+from random_draws import normal, random_params
 
 from research.attention.reformer import LSHSelfAttention, lsh_attention, lsh_rotations
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 B, N, H, D, C = 2, 8, 2, 4, 2      # batch, length, heads, head size, chunk = bucket size
-
-
-def normal(seed, shape):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def random_params(module, x):
-  """Parameters of the shapes `module.init` gives, drawn here (no compilation)."""
-  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
-  leaves, tree = jax.tree.flatten(shapes)
-  return {"params": jax.tree.unflatten(tree, [0.5 * normal(i + 30, s.shape)
-                                              for i, s in enumerate(leaves)])}
 
 
 def torch_lsh(qk, v, rotations, *, causal, lengths):

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from random_draws import normal, random_params
 
 from research.attention.sinkhorn import (
   SinkhornSelfAttention,
@@ -24,18 +25,6 @@ from research.attention.sinkhorn import (
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 B, H, D, C = 2, 2, 3, 2      # batch, heads, head size, block size
-
-
-def normal(seed, shape):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def random_params(module, x):
-  """Parameters of the shapes `module.init` gives, drawn here (no compilation)."""
-  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
-  leaves, tree = jax.tree.flatten(shapes)
-  return {"params": jax.tree.unflatten(tree, [0.5 * normal(i + 30, s.shape)
-                                              for i, s in enumerate(leaves)])}
 
 
 def logsumexp(x):

@@ -11,22 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from random_draws import normal, random_params
 
 from research.attention.synthesizer import SynthesizerSelfAttention, synthesizer_attention
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 B, N, F, H, MAX_LEN = 2, 5, 6, 2, 8
-
-
-def normal(seed, shape):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def random_params(module, x):
-  shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
-  leaves, tree = jax.tree.flatten(shapes)
-  return jax.tree.unflatten(tree, [0.7 * normal(i + 20, s.shape) for i, s in enumerate(leaves)])
 
 
 def project(x, p):
@@ -51,7 +42,7 @@ def numpy_synthesizer(logits, v, out, *, causal, lengths):
 def test_module_matches_the_papers_equations(mode, rank, causal):
   x = normal(0, (B, N, F))
   module = SynthesizerSelfAttention(num_heads=H, max_len=MAX_LEN, mode=mode, rank=rank)
-  params = random_params(module, x)
+  params = random_params(module, x, 0.7, 20)["params"]
   lengths = [N, 3]
   out, state = jax.jit(lambda p, x: module.apply(
       {"params": p}, x, is_causal=causal, key_value_seq_lengths=jnp.array(lengths),
