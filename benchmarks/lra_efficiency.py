@@ -17,7 +17,8 @@ every attention). For each length it prints, relative to full (dense) at that le
   memory    XLA's buffers for the compiled step on this machine (arguments + outputs +
             temporaries, `memory_analysis()`)
   v4 chip   the same compiled for one TPU v4 chip (deviceless, `research.aot`) with
-            `--tpu_batch` sequences: per-chip bytes, and whether it fits the chip's HBM
+            `--tpu_batch` sequences, at `--tpu_lengths` (default 4K: each compile takes
+            about a minute on 2 cores): per-chip bytes, and whether it fits the chip's HBM
 
 and at `--memory_lengths` (compiled, not run) each attention's memory at the longest
 length over its memory at the shortest, the O(n) check (linear: the ratio of the lengths).
@@ -94,16 +95,19 @@ def compiled_bytes(attention: str, batch: int, length: int, device=None) -> int:
   return report.memory(lowered.compile())["total"]
 
 
-def timed_step(attention: str, batch: int, length: int):
-  """A compiled step on concrete inputs, as a no-argument function for `median_ms`."""
+def compiled_step(attention: str, batch: int, length: int):
+  """The step compiled once on concrete inputs: (a no-argument call for `median_ms`, the
+  executable's bytes on this machine)."""
   model = model_of(attention, length)
   keys = jax.random.split(jax.random.key(0), 3)
   tokens = jax.random.randint(keys[0], (batch, length), 1, VOCAB)
   lengths = jnp.full((batch,), length)
   labels = jax.random.randint(keys[1], (batch,), 0, CLASSES)
   params = jax.jit(model.init)(keys[2], tokens, lengths)["params"]
-  step = jax.jit(train_step(model))
-  return lambda: jax.block_until_ready(step(params, tokens, lengths, labels, keys[2]))
+  arguments = (params, tokens, lengths, labels, keys[2])
+  step = jax.jit(train_step(model)).lower(*arguments).compile()
+  return (lambda: jax.block_until_ready(step(*arguments)),
+          report.memory(step)["total"])
 
 
 def main():
@@ -114,9 +118,12 @@ def main():
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--tpu", default="tpu-v4-1", help="compile-only target ('' to skip)")
   parser.add_argument("--tpu_batch", type=int, default=32)
+  parser.add_argument("--tpu_lengths", default="4096",
+                      help="lengths compiled for the chip (about a minute each on 2 cores)")
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
   attentions = args.attentions.split(",")
+  tpu_lengths = set(map(int, args.tpu_lengths.split(",")))
   device = None
   if args.tpu:
     try:
@@ -129,13 +136,16 @@ def main():
         "chip; ratios against full (dense) at the same length\n")
   print("| L | attention | speed | memory | steps/s | memory here | v4 chip | fits |")
   print("|---|---|---|---|---|---|---|---|")
+  cpu_bytes = {}   # (attention, length) -> bytes of the step compiled here
   for length in map(int, args.lengths.split(",")):
-    steps = {name: timed_step(name, args.batch, length) for name in attentions}
+    steps, here = {}, {}
+    for name in attentions:
+      steps[name], here[name] = compiled_step(name, args.batch, length)
+      cpu_bytes[name, length] = here[name]
     ms = median_ms(steps, args.repeats, pause=0.2)
-    here = {name: compiled_bytes(name, args.batch, length) for name in attentions}
     for name in attentions:
       chip = fits = "-"
-      if device is not None:
+      if device is not None and length in tpu_lengths:
         try:
           chip_bytes = compiled_bytes(name, args.tpu_batch, length, device)
           chip = gib(chip_bytes)
@@ -153,7 +163,8 @@ def main():
   print(f"| attention | {short} | {long} | ratio |")
   print("|---|---|---|---|")
   for name in attentions:
-    sizes = [compiled_bytes(name, args.batch, n) for n in (short, long)]
+    sizes = [cpu_bytes.get((name, n)) or compiled_bytes(name, args.batch, n)
+             for n in (short, long)]
     print(f"| {name} | {gib(sizes[0])} | {gib(sizes[1])} | {sizes[1] / sizes[0]:.1f}× |",
           flush=True)
 

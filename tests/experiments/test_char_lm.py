@@ -7,6 +7,7 @@ import json
 import lzma
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -234,3 +235,20 @@ def test_a_tiny_run_reports_bits_per_byte_beside_zlib_and_xz_on_the_same_bytes(t
   with open(os.path.join(workdir, char_lm.SAMPLES), encoding="utf-8") as f:
     samples = f.read()
   assert samples.count("# ---- sample") == 2 and "def " in samples
+
+
+def test_readme_states_each_default_models_parameter_count():
+  """README's "GRU 1 × 256 (the default, 0.33M parameters), LSTM … (0.41M), transformer …
+  (0.46M)" counted from each variant's config (shapes only, nothing initialised)."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = " ".join(f.read().split())
+  for kind in ("gru", "lstm", "transformer"):
+    config = experiment.get_config(f"model={kind}")
+    model = char_lm.make_model(config)
+    shapes = jax.eval_shape(model.init, jax.random.key(0),
+                            jnp.zeros((1, config.data.context), jnp.int32))
+    count = sum(x.size for x in jax.tree.leaves(shapes))
+    stated = re.search(rf"{kind} [^()]*\((?:the default, )?([\d.]+)M(?: parameters)?\)", text,
+                       re.IGNORECASE)
+    assert stated, f"README.md states no parameter count for char_lm's {kind}"
+    assert f"{count / 1e6:.2f}" == stated.group(1), (kind, count, stated.group(1))
