@@ -115,7 +115,11 @@ class PerformerSelfAttention(nn.Module):
   Parameters: query / key / value / out as in `MultiHeadAttention`; the projection W
   [num_features, d] is no parameter. It is drawn from a key fixed by `seed` and the
   module's path (each layer its own, the same at every call), or, with redraw=True and
-  train=True, afresh at each call from the PRNG stream "attention".
+  train=True, afresh at each call from the PRNG stream "attention". The fixed W is computed
+  when the step is traced and enters it as a constant; a redrawn W is a QR decomposition
+  (LAPACK on a CPU) inside every step. On the 2-core CPU (jax 0.10.2) a training step with
+  that QR inside hung twice, after 400 and 1 800 steps (every thread idle in XLA's pool);
+  with the constant W none has.
   `__call__(x [b, n, D], *, is_causal=False, key_value_seq_lengths=None, train=False)`
   -> [b, n, D].
   """
@@ -136,9 +140,13 @@ class PerformerSelfAttention(nn.Module):
     check_causal_form(self.causal_form, self.chunk_size)
     q, k, v = project_heads(x, ("query", "key", "value"), self.num_heads, self.qkv_features,
                             self.dtype, self.param_dtype)
-    key = (self.make_rng("attention") if self.redraw and train
-           else module_key(self.seed, self))
-    projection = orthogonal_random_features(key, self.num_features, q.shape[-1])
+    if self.redraw and train:
+      projection = orthogonal_random_features(self.make_rng("attention"), self.num_features,
+                                              q.shape[-1])
+    else:  # fixed W: drawn when traced, a constant of the compiled step (no QR inside it)
+      with jax.ensure_compile_time_eval():
+        projection = orthogonal_random_features(module_key(self.seed, self),
+                                                self.num_features, q.shape[-1])
     out = favor_attention(q, k, v, projection, is_causal=is_causal,
                           causal_form=self.causal_form, chunk_size=self.chunk_size,
                           key_value_seq_lengths=key_value_seq_lengths)
