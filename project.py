@@ -4,6 +4,9 @@
     python3 project.py test     # the test suite (extra arguments go to pytest)
     python3 project.py bench [recurrent|attention|attention_bound|compile_targets|accelerator|lra_efficiency] [args]
 
+A benchmark's output is printed and also written to results/NAME.md (the command and the
+commit in its first line), where the README's figures are quoted from.
+
 Needs only Python >= 3.11 and pip. The first call creates `.venv` and installs the
 package (with the `test` extra for `test` and `bench`, and `aot`, the toolchains that
 compile for TPUs and GPUs from a CPU, for `test`); later calls reinstall only
@@ -12,6 +15,7 @@ when pyproject.toml changed, so they start at once. On an accelerator, name its 
     RESEARCH_EXTRAS=cuda python3 project.py main    # NVIDIA GPU (jax[cuda13]); or tpu
 """
 
+import datetime
 import hashlib
 import os
 import pathlib
@@ -39,6 +43,27 @@ def benchmark_commands(args: list[str]) -> list[list[str]]:
   if args and args[0] in BENCHMARKS + ON_REQUEST:
     return [[f"benchmarks/{args[0]}.py", *args[1:]]]
   return [[f"benchmarks/{name}.py", *args] for name in BENCHMARKS]
+
+
+def run_recorded(command: list[str], path: pathlib.Path) -> int:
+  """Runs `command` in .venv, its output shown and written to `path` (whole, after the
+  command succeeds), headed by the command line, the commit and the date."""
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                          capture_output=True).stdout.strip() or "no git"
+  lines = [f"<!-- python3 project.py bench {' '.join([path.stem, *command[1:]])}; commit "
+           f"{commit}; {datetime.date.today()} -->\n"]
+  with subprocess.Popen([str(PYTHON), *command], cwd=ROOT, stdout=subprocess.PIPE,
+                        text=True) as process:
+    for line in process.stdout:
+      sys.stdout.write(line)
+      sys.stdout.flush()
+      lines.append(line)
+  if process.returncode == 0:
+    path.parent.mkdir(exist_ok=True)
+    temporary = path.with_suffix(".md.tmp")
+    temporary.write_text("".join(lines), encoding="utf-8")
+    os.replace(temporary, path)
+  return process.returncode
 
 
 def ensure_environment(extras: str) -> None:
@@ -77,9 +102,10 @@ def main(argv: list[str]) -> int:
     return 2
   extras, command = TASKS[argv[0]]
   ensure_environment(extras)
-  commands = benchmark_commands(argv[1:]) if argv[0] == "bench" else [[*command, *argv[1:]]]
-  for command in commands:
-    status = subprocess.call([str(PYTHON), *command], cwd=ROOT)
+  if argv[0] != "bench":
+    return subprocess.call([str(PYTHON), *command, *argv[1:]], cwd=ROOT)
+  for command in benchmark_commands(argv[1:]):
+    status = run_recorded(command, ROOT / "results" / f"{pathlib.Path(command[0]).stem}.md")
     if status:
       return status
   return 0

@@ -22,10 +22,10 @@ Presets:
         chunked), 2 pre-norm layers of width 64, 2 heads, MLP 128, no dropout, batch 32,
         3 000 steps at a peak of 1e-3 (warm-up 300, rsqrt decay), blocks of 16.
 
-Expected (cpu preset, 2-core CPU, data already generated): full attention 36.05% test
-accuracy in 9.2 minutes (3 000 steps at 5.7 steps/s); the sweep, every variant
-33.7–38.6% in 7–10 minutes each for full, local, longformer, linformer and
-memory_compressed (README's ListOps table; the seven rows added since are not measured yet). Data files are written once to
+Expected (cpu preset, 2-core CPU, data already generated): full attention 35.70% test
+accuracy in 9.0 minutes (3 000 steps at 5.8 steps/s); the sweep, every attention and the
+LRU / S5 blocks 33.8–39.3% in 4–10 minutes each (README's ListOps table, runs committed in
+results/listops_cpu/). Data files are written once to
 `<data.dir>/listops*/` (data.dir defaults to ./data) and read back on later runs;
 `--config.data.files=DIR` reads your own LRA TSV files instead.
 

@@ -21,10 +21,12 @@
 # ListOps (Nangia & Bowman 2018, as the Long Range Arena made it) asks for the value of a
 # nested expression such as `[MAX 2 9 [MIN 4 7 ] 0 ]` written as a long flat token
 # sequence. We train the same transformer encoder classifier with each attention of
-# `research.models.EncoderClassifier` — full, local (sliding window), Longformer (window +
-# a global CLS token), Linformer, memory-compressed — and compare test accuracy, training
-# speed and memory, beside the LRA paper's Table 1. The runs are the `--sweep` of
-# `experiments/listops.py:preset=cpu` (about 13 minutes per variant on a 2-core CPU); a
+# `research.models.EncoderClassifier` — every row of LRA's Table 1 (full, local,
+# Longformer, Sparse Transformer, BigBird, Linformer, Linear Transformer, Performer,
+# Synthesizer, Sinkhorn, Reformer) and memory-compressed — and then with a linear
+# recurrence (LRU, S5) in each block's attention's place, and compare test accuracy,
+# training speed and memory, beside the LRA paper's Table 1. The runs are the `--sweep` of
+# `experiments/listops.py:preset=cpu` (4–13 minutes per point on a 2-core CPU); a
 # sweep already run into `runs/listops_cpu` is read back instead of retrained. CI runs the
 # quick mode: tiny models and data, so its accuracies mean nothing.
 
@@ -54,6 +56,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
 from research.training import apply_overrides
+from research.training.sweep import point_name
 from research.training.plots import figure_png
 
 QUICK, experiment, workdir = notebook.setup(root, "listops", runs="listops_cpu")
@@ -69,12 +72,14 @@ config = apply_overrides(experiment.get_config("preset=cpu"),
 
 # %% [markdown]
 # ## Train every attention variant
-# `notebook.sweep` (`run_sweep`) trains each point of `experiment.get_sweep()` (one per `model.attention`) into
-# its own directory, skipping finished ones, and returns each point's final metrics.
+# `notebook.sweep` (`run_sweep`) trains each point of `experiment.get_sweep()` (one per
+# `model.attention`, then one per recurrent `model.kind`) into its own directory, skipping
+# finished ones, and returns each point's final metrics.
 
 # %%
 points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()   # CI: full, local, longformer
 rows = notebook.sweep(config, points, workdir)
+names = [row.get("model.kind", row.get("model.attention")) for row in rows]   # lru, s5: kinds
 
 # %% [markdown]
 # ## Accuracy, speed and memory beside LRA's Table 1
@@ -83,21 +88,21 @@ rows = notebook.sweep(config, points, workdir)
 # are for its own setting (length 500–2000, 6 layers of width 512), not this preset's.
 
 # %%
-header = ["attention", "test accuracy", "LRA Table 1", "steps/s", "step memory (MiB)",
+header = ["attention or block", "test accuracy", "LRA Table 1", "steps/s", "step memory (MiB)",
           "minutes"]
 lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-for row in rows:
+for name, row in zip(names, rows):
   lra = f"{row['lra/accuracy']:.2%}" if "lra/accuracy" in row else "—"
-  lines.append(f"| {row['model.attention']} | {row['test/accuracy']:.2%} | {lra} | "
+  lines.append(f"| {name} | {row['test/accuracy']:.2%} | {lra} | "
                f"{row['perf/steps_per_second']:.2f} | {row['perf/step_memory_mib']:.0f} | "
                f"{row.get('perf/wall_seconds', float('nan')) / 60:.1f} |")
 display(Markdown("\n".join(lines)))
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 4))
-for row in rows:
+for name, row in zip(names, rows):
   ax.scatter(row["perf/steps_per_second"], 100 * row["test/accuracy"], s=row["perf/step_memory_mib"])
-  ax.annotate(row["model.attention"], (row["perf/steps_per_second"], 100 * row["test/accuracy"]),
+  ax.annotate(name, (row["perf/steps_per_second"], 100 * row["test/accuracy"]),
               textcoords="offset points", xytext=(6, 4))
 ax.axhline(17, color="gray", linestyle=":", label="majority class (≈ 17%)")
 ax.set_xlabel("training steps / s")
@@ -112,13 +117,13 @@ display(Image(figure_png(fig)))
 # Validation accuracy during training, from each run's `metrics.jsonl`.
 
 # %%
-fig, ax = plt.subplots(figsize=(6, 4))
-for row in rows:
-  with open(os.path.join(workdir, f"model.attention={row['model.attention']}", "metrics.jsonl")) as f:
-    points = [(r["step"], 100 * r["eval/accuracy"]) for r in map(json.loads, f) if "eval/accuracy" in r]
-  ax.plot(*zip(*points), marker=".", label=row["model.attention"])
+fig, ax = plt.subplots(figsize=(7, 5))
+for name, point in zip(names, points):
+  with open(os.path.join(workdir, point_name(point), "metrics.jsonl")) as f:
+    curve = [(r["step"], 100 * r["eval/accuracy"]) for r in map(json.loads, f) if "eval/accuracy" in r]
+  ax.plot(*zip(*curve), marker=".", label=name)
 ax.set_xlabel("step")
 ax.set_ylabel("validation accuracy (%)")
-ax.legend()
+ax.legend(fontsize="small", ncol=2)
 fig.tight_layout()
 display(Image(figure_png(fig)))

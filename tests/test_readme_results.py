@@ -1,0 +1,97 @@
+"""The README's tables quoted from committed runs (results/) are those runs, figure for figure.
+
+A README block between `<!-- from results/PATH -->` and `<!-- /from -->` is a markdown
+table whose columns are some of the columns of the file at results/PATH: a markdown
+table (a sweep's summary.md, a benchmark's output), a csv file or a run's
+final_metrics.json (one row, its keys the columns). Every row of the block must be some
+row of the file restricted to the block's columns. A cell matches its figure when the
+two read the same, or when the README's number is the file's rounded to the README's
+decimals (within half its last digit), with the same unit after it; "37.25%" reads the fraction 0.3725. Nothing is
+trained or run: both files are read as committed.
+"""
+
+import csv
+import json
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK = re.compile(r"<!-- from (results/[\w./=,-]+) -->\n(.*?)<!-- /from -->", re.S)
+NUMBER = re.compile(r"^(-?\d+(?:\.(\d+))?)\s*(.*)$")
+
+
+def readme() -> str:
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    return f.read()
+
+
+def cells(line: str) -> list[str]:
+  return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def markdown_tables(text: str) -> list[list[dict]]:
+  """Every table of a markdown text as a list of {column: cell} rows."""
+  tables, lines = [], text.splitlines()
+  for i in range(len(lines) - 1):
+    if lines[i].startswith("|") and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip()):
+      header, rows = cells(lines[i]), []
+      for line in lines[i + 2:]:
+        if not line.startswith("|"):
+          break
+        rows.append(dict(zip(header, cells(line), strict=True)))
+      tables.append(rows)
+  return tables
+
+
+def source_tables(path: str) -> list[list[dict]]:
+  with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+    if path.endswith(".json"):
+      return [[{key: str(value) for key, value in json.load(f).items()}]]
+    if path.endswith(".csv"):
+      return [list(csv.DictReader(f))]
+    return markdown_tables(f.read())
+
+
+def matches(shown: str, figure: str) -> bool:
+  """Whether the README's cell `shown` reads the file's cell `figure`."""
+  if shown == figure:
+    return True
+  quoted, actual = NUMBER.match(shown), NUMBER.match(figure)
+  if not quoted or not actual:
+    return False
+  value, unit = float(actual.group(1)), actual.group(3)
+  if quoted.group(3) == "%" and unit == "":
+    value, unit = 100 * value, "%"
+  half_a_digit = 0.5 * 10 ** -len(quoted.group(2) or "")
+  return quoted.group(3) == unit and abs(float(quoted.group(1)) - value) <= half_a_digit * 1.0001
+
+
+BLOCKS = BLOCK.findall(readme())
+
+
+def test_the_readme_quotes_results():
+  assert BLOCKS, "README.md has no block quoting results/"
+
+
+@pytest.mark.parametrize("path,block", BLOCKS, ids=[f"{p}:{i}" for i, (p, _) in enumerate(BLOCKS)])
+def test_readme_table_is_a_committed_result(path, block):
+  assert os.path.exists(os.path.join(ROOT, path)), f"README.md quotes {path}, not committed"
+  quoted = markdown_tables(block)
+  assert len(quoted) == 1 and quoted[0], f"the README block quoting {path} is not one table"
+  rows = [row for table in source_tables(path) for row in table]
+  for row in quoted[0]:
+    missing = [column for column in row if all(column not in r for r in rows)]
+    assert not missing, f"{path} has no column {missing}"
+    assert any(all(matches(cell, r.get(column, "")) for column, cell in row.items())
+               for r in rows), f"README.md's row {row} is no row of {path}"
+
+
+@pytest.mark.parametrize("shown,figure,expected", [
+    ("37.25%", "0.3725", True), ("37.3%", "0.3725", True), ("37.1%", "0.3725", False),
+    ("13.2", "13.160409659957303", True), ("13", "13.16", True), ("13.16", "13.2", False),
+    ("2.04×", "2.04×", True), ("2.0×", "2.04×", True), ("2.0", "2.04×", False),
+    ("1.69 GiB", "1.694 GiB", True), ("linear", "linear", True), ("linear", "full", False)])
+def test_cells_match_by_rounding_to_the_readme_decimals(shown, figure, expected):
+  assert matches(shown, figure) is expected
