@@ -138,10 +138,10 @@ def main():
   print("|---|---|---|---|---|---|---|---|")
   cpu_bytes = {}   # (attention, length) -> bytes of the step compiled here
   for length in map(int, args.lengths.split(",")):
-    steps, here = {}, {}
+    steps = {}
     for name in attentions:
-      steps[name], here[name] = compiled_step(name, args.batch, length)
-      cpu_bytes[name, length] = here[name]
+      steps[name], cpu_bytes[name, length] = compiled_step(name, args.batch, length)
+    here = {name: cpu_bytes[name, length] for name in attentions}
     ms = median_ms(steps, args.repeats, pause=0.2)
     for name in attentions:
       chip = fits = "-"

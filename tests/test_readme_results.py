@@ -5,9 +5,9 @@ table whose columns are some of the columns of the file at results/PATH: a markd
 table (a sweep's summary.md, a benchmark's output), a csv file or a run's
 final_metrics.json (one row, its keys the columns). Every row of the block must be some
 row of the file restricted to the block's columns. A cell matches its figure when the
-two read the same, or when the README's number is the file's rounded to the README's
-decimals (within half its last digit), with the same unit after it; "37.25%" reads the fraction 0.3725. Nothing is
-trained or run: both files are read as committed.
+two read the same, or when the README's number is the file's within half the README's last
+digit, with the same unit after it; "37.25%" reads the fraction 0.3725. Nothing is trained
+or run: both files are read as committed.
 """
 
 import csv
