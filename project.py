@@ -8,8 +8,8 @@ A benchmark's output is printed and also written to results/NAME.md (the command
 commit in its first line), where the README's figures are quoted from.
 
 Needs only Python >= 3.11 and pip. The first call creates `.venv` and installs the
-package (with the `test` extra for `test` and `bench`, and `aot`, the toolchains that
-compile for TPUs and GPUs from a CPU, for `test`); later calls reinstall only
+package (with the `test` extra and `aot`, the toolchains that compile for TPUs and GPUs
+from a CPU, for `test` and `bench`); later calls reinstall only
 when pyproject.toml changed, so they start at once. On an accelerator, name its extra:
 
     RESEARCH_EXTRAS=cuda python3 project.py main    # NVIDIA GPU (jax[cuda13]); or tpu
@@ -32,7 +32,7 @@ TASKS = {
     "main": ("", ["launch.py"]),   # extra arguments go to launch.py
     # one worker per core (pytest-xdist); tests of one xdist_group share a worker
     "test": ("test,aot", ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]),
-    "bench": ("test", []),   # the command is benchmarks/NAME.py, see `benchmark_commands`
+    "bench": ("test,aot", []),   # benchmarks/NAME.py (`benchmark_commands`); aot: deviceless compiles
 }
 BENCHMARKS = ("recurrent", "attention", "attention_bound")   # plain `bench` runs these
 ON_REQUEST = ("compile_targets", "accelerator", "lra_efficiency")   # by name only (minutes each)

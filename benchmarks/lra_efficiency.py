@@ -19,6 +19,7 @@ every attention). For each length it prints, relative to full (dense) at that le
   v4 chip   the same compiled for one TPU v4 chip (deviceless, `research.aot`) with
             `--tpu_batch` sequences, at `--tpu_lengths` (default 4K: each compile takes
             about a minute on 2 cores): per-chip bytes, and whether it fits the chip's HBM
+            (XLA's "over: used X of Y" where it refuses the step)
 
 and at `--memory_lengths` (compiled, not run) each attention's memory at the longest
 length over its memory at the shortest, the O(n) check (linear: the ratio of the lengths).
@@ -29,6 +30,7 @@ at 11% of its memory, Linear Trans. 5.6× at 10%, BigBird 1.2× at 31%, Reformer
 
 import argparse
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,6 +112,15 @@ def compiled_step(attention: str, batch: int, length: int):
           report.memory(step)["total"])
 
 
+def refusal(error: Exception) -> str:
+  """The table's cell for a compile the chip refused: XLA's "used X of Y" when it ran out of
+  HBM, else the error's first line."""
+  used = re.search(r"Used (\S+) of (\S+) hbm", str(error))
+  if used:
+    return f"over: {used.group(1)}B of {used.group(2)}B"
+  return f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--lengths", default="1024,2048,3072,4096")
@@ -151,7 +162,7 @@ def main():
           chip = gib(chip_bytes)
           fits = "yes" if chip_bytes <= targets.memory_bytes(targets.get(args.tpu)) else "no"
         except Exception as error:  # noqa: BLE001 - XLA refuses what exceeds the chip's HBM
-          chip, fits = type(error).__name__, "no"
+          chip, fits = refusal(error), "no"
       speed = ms.get(BASELINE, float("nan")) / ms[name]
       memory = here[name] / here[BASELINE] if BASELINE in here else float("nan")
       print(f"| {length} | {name} | {speed:.2f}× | {memory:.0%} | {1e3 / ms[name]:.2f} | "

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from research.attention import registry
 from research.attention.functional import dot_product_attention
 from research.attention.masks import padding_mask
 from research.attention.multi_head import check_heads
@@ -140,13 +141,17 @@ class MemoryCompressedAttention(nn.Module):
   Parameters: query / key / value / out as in `MultiHeadAttention`, and for method "conv"
   key_conv / value_conv (`flax.linen.Conv`, kernel [c, H·d, H·d], bias [H·d]).
   `__call__(inputs_q [b, q_len, D], inputs_kv [b, kv_len, D_kv] = inputs_q, *,
-  key_value_seq_lengths=None)` -> [b, q_len, D]; the weights [b, H, q_len, ⌈kv_len/c⌉]
-  are sown as intermediates/attention_weights. `train` changes nothing (no dropout).
+  key_value_seq_lengths=None)` -> [b, q_len, D]. The softmax over the compressed keys runs
+  as `implementation` chooses: "auto" per platform (on a CPU chunked, memory O(q_len) rather
+  than O(q_len · kv_len / c)); with one that returns them ("dense") the weights
+  [b, H, q_len, ⌈kv_len/c⌉] are sown as intermediates/attention_weights. `train` changes
+  nothing (no dropout).
   """
   num_heads: int                   # H
   qkv_features: int                # H · d
   compression: int                 # c: kernel size and stride along the length
   method: str = "conv"             # "conv", "avg" or "max"
+  implementation: str = "auto"     # research.attention implementation over compressed keys
   dtype: Any = None                # computation dtype
   param_dtype: Any = jnp.float32   # parameter dtype
 
@@ -183,7 +188,11 @@ class MemoryCompressedAttention(nn.Module):
 
     k, block_valid = compress(k, "key_conv")
     v, _ = compress(v, "value_conv")
-    out, weights = dot_product_attention(q, k, v, mask=block_valid[:, None, None, :],
-                                         return_weights=True)
-    self.sow("intermediates", "attention_weights", weights)
+    attend = functools.partial(dot_product_attention, q, k, v, mask=block_valid[:, None, None, :],
+                               implementation=self.implementation)
+    if self.implementation != registry.AUTO and registry.get(self.implementation).returns_weights:
+      out, weights = attend(return_weights=True)
+      self.sow("intermediates", "attention_weights", weights)
+    else:
+      out = attend()
     return dense(inputs_q.shape[-1], axis=(-2, -1), name="out")(out)

@@ -22,26 +22,35 @@ from research.attention.multi_head import check_heads
 Array = jax.Array
 
 
-def project_heads(x: Array, names: tuple[str, ...], num_heads: int, qkv_features: int | None,
-                  dtype: Any, param_dtype: Any) -> list[Array]:
-  """x [b, n, D] -> one [b, n, H, d] per name (d = qkv_features / H, default D / H).
+class HeadsSelfAttention(nn.Module, kw_only=True):
+  """What the efficient self-attention modules are built on: their projections' fields
+  (keyword-only, after each module's own) and the projections to heads and back.
 
-  Call from a module's compact method: the DenseGeneral layers become its children.
+  A subclass declares `num_heads: int` (H) and calls `self.project` / `self.merge` from its
+  compact `__call__(x [b, n, D], *, is_causal=False, key_value_seq_lengths=None,
+  train=False) -> [b, n, D]`; the DenseGeneral layers become its children.
   """
-  head_dim = check_heads(qkv_features or x.shape[-1], num_heads)
-  dense = functools.partial(nn.DenseGeneral, (num_heads, head_dim), dtype=dtype,
-                            param_dtype=param_dtype)
-  return [dense(name=name)(x) for name in names]
+  qkv_features: int | None = None  # H · d (default: D)
+  dtype: Any = None                # computation dtype of the projections
+  param_dtype: Any = jnp.float32   # parameter dtype
+
+  def project(self, x: Array, names: tuple[str, ...]) -> list[Array]:
+    """x [b, n, D] -> one [b, n, H, d] per name (d = qkv_features / H, default D / H)."""
+    head_dim = check_heads(self.qkv_features or x.shape[-1], self.num_heads)
+    dense = functools.partial(nn.DenseGeneral, (self.num_heads, head_dim), dtype=self.dtype,
+                              param_dtype=self.param_dtype)
+    return [dense(name=name)(x) for name in names]
+
+  def merge(self, heads: Array, features: int) -> Array:
+    """[b, n, H, d] -> [b, n, features] through the DenseGeneral "out"."""
+    return nn.DenseGeneral(features, axis=(-2, -1), dtype=self.dtype,
+                           param_dtype=self.param_dtype, name="out")(heads)
 
 
-def merge_heads(heads: Array, features: int, dtype: Any, param_dtype: Any) -> Array:
-  """[b, n, H, d] -> [b, n, features] through the DenseGeneral "out"."""
-  return nn.DenseGeneral(features, axis=(-2, -1), dtype=dtype, param_dtype=param_dtype,
-                         name="out")(heads)
-
-
-def check_qkv(q: Array, k: Array, v: Array, *, same_length: bool = False):
-  """q [b, q_len, H, d], k [b, kv_len, H, d], v [b, kv_len, H, d_v]: one head count for all."""
+def checked_qkv(q, k, v, *, same_length: bool = False) -> tuple[Array, Array, Array]:
+  """(q, k, v) as arrays, once checked: q [b, q_len, H, d], k [b, kv_len, H, d],
+  v [b, kv_len, H, d_v], one head count for all (and q_len = kv_len with same_length)."""
+  q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError("q, k, v must be [batch, length, heads, head_dim]; got shapes "
                      f"{q.shape}, {k.shape}, {v.shape}")
@@ -55,6 +64,7 @@ def check_qkv(q: Array, k: Array, v: Array, *, same_length: bool = False):
     raise ValueError(f"q and k head_dim differ: {q.shape[-1]} vs {k.shape[-1]}")
   if same_length and q.shape[1] != k.shape[1]:
     raise ValueError(f"q and k must have the same length here; got {q.shape[1]} and {k.shape[1]}")
+  return q, k, v
 
 
 def check_positive(name: str, value) -> None:

@@ -19,7 +19,6 @@ Padding keys (key_value_seq_lengths) get φ(k) = 0 and add nothing; a query with
 visible key returns zeros. Sums run in float32.
 """
 
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -27,11 +26,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from research.attention.heads import (
+  HeadsSelfAttention,
   check_positive,
-  check_qkv,
+  checked_qkv,
   key_validity,
-  merge_heads,
-  project_heads,
 )
 
 Array = jax.Array
@@ -146,8 +144,7 @@ def linear_attention(q: Array, k: Array, v: Array, *, is_causal: bool = False,
   Returns:
     [b, q_len, H, d_v] in q's dtype.
   """
-  q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-  check_qkv(q, k, v, same_length=is_causal)
+  q, k, v = checked_qkv(q, k, v, same_length=is_causal)
   valid = key_validity(k.shape[0], k.shape[1], key_value_seq_lengths)
   out = kernelized_attention(elu_feature_map(q.astype(jnp.float32)),
                              elu_feature_map(k.astype(jnp.float32)), v, is_causal=is_causal,
@@ -155,7 +152,7 @@ def linear_attention(q: Array, k: Array, v: Array, *, is_causal: bool = False,
   return out.astype(q.dtype)
 
 
-class LinearSelfAttention(nn.Module):
+class LinearSelfAttention(HeadsSelfAttention):
   """Multi-head self-attention with `linear_attention` (φ = elu + 1) in each head.
 
   Parameters: query / key / value / out as in `MultiHeadAttention`.
@@ -163,21 +160,17 @@ class LinearSelfAttention(nn.Module):
   -> [b, n, D]; train changes nothing (no randomness).
   """
   num_heads: int                   # H
-  qkv_features: int | None = None  # H · d (default: D)
   causal_form: str = "chunked"     # causal running sums: "scan" or "chunked"
   chunk_size: int = 64             # C of the chunked form
-  dtype: Any = None                # computation dtype of the projections
-  param_dtype: Any = jnp.float32   # parameter dtype
 
   @nn.compact
   def __call__(self, x: Array, *, is_causal: bool = False,
                key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
     del train  # deterministic
     check_causal_form(self.causal_form, self.chunk_size)
-    q, k, v = project_heads(x, ("query", "key", "value"), self.num_heads, self.qkv_features,
-                            self.dtype, self.param_dtype)
+    q, k, v = self.project(x, ("query", "key", "value"))
     out = linear_attention(q, k, v, is_causal=is_causal, causal_form=self.causal_form,
                            chunk_size=self.chunk_size,
                            key_value_seq_lengths=key_value_seq_lengths)
-    return merge_heads(out, x.shape[-1], self.dtype, self.param_dtype)
+    return self.merge(out, x.shape[-1])
 

@@ -21,19 +21,17 @@ are exact and the causal form stays causal.
 """
 
 import math
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from research.attention.heads import (
+  HeadsSelfAttention,
   check_positive,
-  check_qkv,
+  checked_qkv,
   key_validity,
-  merge_heads,
   module_key,
-  project_heads,
 )
 from research.attention.linear import check_causal_form, kernelized_attention
 
@@ -80,9 +78,10 @@ def favor_features(x: Array, projection: Array, *, is_query: bool,
 def favor_attention(q: Array, k: Array, v: Array, projection: Array, *, is_causal: bool = False,
                     causal_form: str = "chunked", chunk_size: int = 64,
                     key_value_seq_lengths: Array | None = None) -> Array:
-  """FAVOR+ attention, an unbiased estimate of softmax(q kᵀ / √d) v.
+  """FAVOR+ attention, an unbiased estimate of softmax(q kᵀ / √d) v: the linear attention
+  of `linear.kernelized_attention` with positive random features (`favor_features`),
 
-    out_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j),   j over the visible keys
+    φ(x) = exp(W x̂ − ‖x̂‖²/2) / √m,  x̂ = x / d^{1/4}:   E[φ(q)·φ(k)] = exp(q·k / √d)
 
   Args:
     q: [b, q_len, H, d]; k: [b, kv_len, H, d]; v: [b, kv_len, H, d_v].
@@ -95,8 +94,7 @@ def favor_attention(q: Array, k: Array, v: Array, projection: Array, *, is_causa
   Returns:
     [b, q_len, H, d_v] in q's dtype.
   """
-  q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-  check_qkv(q, k, v, same_length=is_causal)
+  q, k, v = checked_qkv(q, k, v, same_length=is_causal)
   projection = jnp.asarray(projection)
   if projection.ndim != 2 or projection.shape[1] != q.shape[-1]:
     raise ValueError(f"projection must be [num_features, head_dim = {q.shape[-1]}], "
@@ -109,7 +107,7 @@ def favor_attention(q: Array, k: Array, v: Array, projection: Array, *, is_causa
   return out.astype(q.dtype)
 
 
-class PerformerSelfAttention(nn.Module):
+class PerformerSelfAttention(HeadsSelfAttention):
   """Multi-head self-attention with FAVOR+ (`favor_attention`) in each head.
 
   Parameters: query / key / value / out as in `MultiHeadAttention`; the projection W
@@ -124,22 +122,18 @@ class PerformerSelfAttention(nn.Module):
   -> [b, n, D].
   """
   num_heads: int                   # H
-  qkv_features: int | None = None  # H · d (default: D)
   num_features: int = 256          # m, random features per head
   redraw: bool = False             # draw W anew at each training call (stream "attention")
   seed: int = 0                    # seed of the fixed W
   causal_form: str = "chunked"     # causal running sums: "scan" or "chunked"
   chunk_size: int = 64             # C of the chunked form
-  dtype: Any = None                # computation dtype of the projections
-  param_dtype: Any = jnp.float32   # parameter dtype
 
   @nn.compact
   def __call__(self, x: Array, *, is_causal: bool = False,
                key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
     check_positive("num_features", self.num_features)
     check_causal_form(self.causal_form, self.chunk_size)
-    q, k, v = project_heads(x, ("query", "key", "value"), self.num_heads, self.qkv_features,
-                            self.dtype, self.param_dtype)
+    q, k, v = self.project(x, ("query", "key", "value"))
     if self.redraw and train:
       projection = orthogonal_random_features(self.make_rng("attention"), self.num_features,
                                               q.shape[-1])
@@ -150,4 +144,4 @@ class PerformerSelfAttention(nn.Module):
     out = favor_attention(q, k, v, projection, is_causal=is_causal,
                           causal_form=self.causal_form, chunk_size=self.chunk_size,
                           key_value_seq_lengths=key_value_seq_lengths)
-    return merge_heads(out, x.shape[-1], self.dtype, self.param_dtype)
+    return self.merge(out, x.shape[-1])

@@ -33,7 +33,6 @@ whole sequence (the sort is global), as in the paper.
 """
 
 import math
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -41,13 +40,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from research.attention.heads import (
+  HeadsSelfAttention,
   check_positive,
-  check_qkv,
+  checked_qkv,
   key_validity,
-  merge_heads,
   module_key,
   pad_length,
-  project_heads,
 )
 
 Array = jax.Array
@@ -87,8 +85,7 @@ def lsh_attention(qk: Array, v: Array, rotations: Array, *, chunk_size: int,
   Returns:
     [b, n, H, d_v] in qk's dtype.
   """
-  qk, v = jnp.asarray(qk), jnp.asarray(v)
-  check_qkv(qk, qk, v, same_length=True)
+  qk, _, v = checked_qkv(qk, qk, v, same_length=True)
   check_positive("chunk_size", chunk_size)
   b, n, h, d = qk.shape
   rotations = jnp.asarray(rotations)
@@ -149,7 +146,7 @@ def lsh_attention(qk: Array, v: Array, rotations: Array, *, chunk_size: int,
   return jnp.where(jnp.any(seen, axis=2).transpose(0, 2, 1)[..., None], out, 0.0).astype(qk.dtype)
 
 
-class LSHSelfAttention(nn.Module):
+class LSHSelfAttention(HeadsSelfAttention):
   """Multi-head Reformer self-attention: `lsh_attention` in each head.
 
   Parameters: query (shared with the keys) / value / out as in `MultiHeadAttention`. The
@@ -167,9 +164,6 @@ class LSHSelfAttention(nn.Module):
   num_hashes: int = 2              # R, hash rounds
   redraw: bool = False             # new rotations at each training call (stream "attention")
   seed: int = 0                    # seed of the fixed rotations
-  qkv_features: int | None = None  # H · d (default: D)
-  dtype: Any = None                # computation dtype of the projections
-  param_dtype: Any = jnp.float32   # parameter dtype
 
   @nn.compact
   def __call__(self, x: Array, *, is_causal: bool = False,
@@ -178,8 +172,7 @@ class LSHSelfAttention(nn.Module):
     n = x.shape[1]
     multiple = self.chunk_size * (2 if self.num_buckets is None else 1)
     padded, lengths = pad_length(x, key_value_seq_lengths, multiple)
-    qk, v = project_heads(padded, ("query", "value"), self.num_heads, self.qkv_features,
-                          self.dtype, self.param_dtype)
+    qk, v = self.project(padded, ("query", "value"))
     key = (self.make_rng("attention") if self.redraw and train
            else module_key(self.seed, self))
     rotations = lsh_rotations(key, qk.shape[-1],
@@ -187,4 +180,4 @@ class LSHSelfAttention(nn.Module):
                               self.num_hashes)
     out = lsh_attention(qk, v, rotations, chunk_size=self.chunk_size, is_causal=is_causal,
                         key_value_seq_lengths=lengths)
-    return merge_heads(out[:, :n], x.shape[-1], self.dtype, self.param_dtype)
+    return self.merge(out[:, :n], x.shape[-1])

@@ -27,7 +27,6 @@ some real key went into it. Memory O(n·b + N²) per head.
 """
 
 import math
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -36,12 +35,11 @@ from jax import lax
 
 from research.attention.dense import masked_softmax
 from research.attention.heads import (
+  HeadsSelfAttention,
   check_positive,
-  check_qkv,
+  checked_qkv,
   key_validity,
-  merge_heads,
   pad_length,
-  project_heads,
 )
 
 Array = jax.Array
@@ -94,8 +92,7 @@ def sinkhorn_attention(q: Array, k: Array, v: Array, sort_kernel: Array, sort_bi
   Returns:
     out [b, n, H, d_v] in q's dtype, or (out, P) with return_permutation.
   """
-  q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-  check_qkv(q, k, v, same_length=True)
+  q, k, v = checked_qkv(q, k, v, same_length=True)
   check_positive("block_size", block_size)
   if not temperature > 0:
     raise ValueError(f"temperature must be > 0, got {temperature!r}")
@@ -145,7 +142,7 @@ def sinkhorn_attention(q: Array, k: Array, v: Array, sort_kernel: Array, sort_bi
   return (out, permutation) if return_permutation else out
 
 
-class SinkhornSelfAttention(nn.Module):
+class SinkhornSelfAttention(HeadsSelfAttention):
   """Multi-head self-attention with `sinkhorn_attention` in each head.
 
   Parameters: query / key / value / out as in `MultiHeadAttention`, and the sort network
@@ -162,9 +159,6 @@ class SinkhornSelfAttention(nn.Module):
   iterations: int = 5              # Sinkhorn iterations
   temperature: float = 0.75        # τ dividing the sort logits
   gumbel_noise: bool = False       # Gumbel-Sinkhorn noise in training (stream "attention")
-  qkv_features: int | None = None  # H · d (default: D)
-  dtype: Any = None                # computation dtype of the projections
-  param_dtype: Any = jnp.float32   # parameter dtype
 
   @nn.compact
   def __call__(self, x: Array, *, is_causal: bool = False,
@@ -175,8 +169,7 @@ class SinkhornSelfAttention(nn.Module):
     if n > self.max_len:
       raise ValueError(f"input length {n} exceeds max_len ({self.max_len}) of the sort network")
     padded, lengths = pad_length(x, key_value_seq_lengths, self.block_size)
-    q, k, v = project_heads(padded, ("query", "key", "value"), self.num_heads,
-                            self.qkv_features, self.dtype, self.param_dtype)
+    q, k, v = self.project(padded, ("query", "key", "value"))
     max_blocks = -(-self.max_len // self.block_size)
     kernel = self.param("sort_kernel", nn.initializers.lecun_normal(in_axis=-2, out_axis=-1,
                                                                     batch_axis=(0,)),
@@ -189,4 +182,4 @@ class SinkhornSelfAttention(nn.Module):
         iterations=self.iterations, temperature=self.temperature, key_value_seq_lengths=lengths,
         rng=rng, return_permutation=True)
     self.sow("intermediates", "sinkhorn_permutation", permutation)
-    return merge_heads(out[:, :n], x.shape[-1], self.dtype, self.param_dtype)
+    return self.merge(out[:, :n], x.shape[-1])

@@ -16,7 +16,6 @@ again in the backward pass, for memory O(block · n) instead of O(n²).
 """
 
 from collections.abc import Callable
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -25,10 +24,9 @@ from jax import lax
 
 from research.attention.dense import masked_softmax, weighted_values
 from research.attention.heads import (
+  HeadsSelfAttention,
   check_positive,
   key_validity,
-  merge_heads,
-  project_heads,
 )
 
 Array = jax.Array
@@ -117,7 +115,7 @@ def synthesizer_attention_in_blocks(rows: Array, to_logits: Callable[[Array], Ar
   return jnp.moveaxis(out, 0, 1).reshape(b, -1, h, d_v)[:, :q_len]
 
 
-class SynthesizerSelfAttention(nn.Module):
+class SynthesizerSelfAttention(HeadsSelfAttention):
   """Multi-head Dense or Random Synthesizer self-attention.
 
   Parameters: value / out as in `MultiHeadAttention`, and
@@ -136,9 +134,6 @@ class SynthesizerSelfAttention(nn.Module):
   mode: str = "dense"              # "dense" or "random"
   rank: int | None = None          # random mode: k of the factorised R = A Cᵀ (None: full R)
   query_block: int | None = None   # queries per block (None: all at once, weights sown)
-  qkv_features: int | None = None  # H · d (default: D)
-  dtype: Any = None                # computation dtype of the projections
-  param_dtype: Any = jnp.float32   # parameter dtype
 
   @nn.compact
   def __call__(self, x: Array, *, is_causal: bool = False,
@@ -156,16 +151,14 @@ class SynthesizerSelfAttention(nn.Module):
     init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
     # rows: what a query's logits are made of (axis 1); to_logits: rows -> [b|1, H, rows, n]
     if self.mode == "dense":
-      rows, v = project_heads(x, ("query", "value"), self.num_heads, self.qkv_features,
-                              self.dtype, self.param_dtype)
+      rows, v = self.project(x, ("query", "value"))
       kernel = self.param("synthesizer_kernel", init,
                           (self.num_heads, rows.shape[-1], self.max_len), self.param_dtype)
       bias = self.param("synthesizer_bias", nn.initializers.zeros_init(),
                         (self.num_heads, self.max_len), self.param_dtype)
       to_logits = lambda rows: dense_synthesizer_logits(rows, kernel, bias, n)
     else:
-      (v,) = project_heads(x, ("value",), self.num_heads, self.qkv_features, self.dtype,
-                           self.param_dtype)
+      (v,) = self.project(x, ("value",))
       if self.rank is None:
         rows = self.param("random", init, (self.num_heads, self.max_len, self.max_len),
                           self.param_dtype)[:, :n, :n]
@@ -183,4 +176,4 @@ class SynthesizerSelfAttention(nn.Module):
     else:
       out = synthesizer_attention_in_blocks(rows, to_logits, v, block_size=self.query_block,
                                             **pattern)
-    return merge_heads(out, x.shape[-1], self.dtype, self.param_dtype)
+    return self.merge(out, x.shape[-1])

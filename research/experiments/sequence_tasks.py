@@ -32,15 +32,8 @@ from research.errors import ConfigError
 from research.experiments.registry import register
 from research.models.kinds import KINDS
 from research.models.sequence_model import ATTENTIONS, SequenceModel
+from research.training import validation
 from research.training.experiment import Workload
-from research.training.validation import (
-  COMPUTE_DTYPES,
-  check_choice,
-  check_divides,
-  check_host_memory,
-  check_parameter_memory,
-  check_positive,
-)
 
 TASKS = ("copy", "reverse", "adding", "recall")
 ADDING_TOLERANCE = 0.04
@@ -53,13 +46,13 @@ SIZES = ("data.length", "data.num_symbols", "data.num_items", "data.eval_example
 
 def validate(config) -> None:
   """Raises ConfigError for a bad config.data / config.model value, naming the key."""
-  check_choice(config, "data.task", TASKS)
-  check_choice(config, "model.kind", KINDS)
-  check_choice(config, "model.attention", ATTENTIONS)
-  check_choice(config, "model.implementation", implementation_names())
-  check_choice(config, "model.dtype", COMPUTE_DTYPES)
-  check_positive(config, *SIZES)
-  check_positive(config, "model.window", allow_zero=True)
+  validation.check_choice(config, "data.task", TASKS)
+  validation.check_choice(config, "model.kind", KINDS)
+  validation.check_choice(config, "model.attention", ATTENTIONS)
+  validation.check_choice(config, "model.implementation", implementation_names())
+  validation.check_choice(config, "model.dtype", validation.COMPUTE_DTYPES)
+  validation.check_positive(config, *SIZES)
+  validation.check_positive(config, "model.window", allow_zero=True)
   if config.data.task == "adding" and config.data.length < 2:
     raise ConfigError(f"config.data.length={config.data.length} must be >= 2 for the adding "
                       "problem (one marker in each half)")
@@ -68,22 +61,22 @@ def validate(config) -> None:
                       f"config.data.num_symbols={config.data.num_symbols} (recall's keys are "
                       "distinct)")
   if config.model.kind == "transformer":
-    check_divides(config, "model.num_heads", "model.hidden_size")
+    validation.check_divides(config, "model.num_heads", "model.hidden_size")
     if (config.model.attention == "local") != (config.model.window > 0):
       raise ConfigError(f"config.model.window={config.model.window} with "
                         f"config.model.attention={config.model.attention!r}: 'local' needs a "
                         "window > 0 (its half-width), 'full' needs window 0")
   m, d = config.model, config.data
   # LSTM: 8 h² a layer; a transformer block: 12 h² (attention 4 h², MLP 8 h²).
-  check_parameter_memory(config, ("model.num_layers", "model.hidden_size", "data.num_symbols"),
-                         m.num_layers * 12 * m.hidden_size**2
-                         + (2 * d.num_symbols + 2) * m.hidden_size)
+  validation.check_parameter_memory(
+      config, ("model.num_layers", "model.hidden_size", "data.num_symbols"),
+      m.num_layers * 12 * m.hidden_size**2 + (2 * d.num_symbols + 2) * m.hidden_size)
   examples = config.train.batch_size + 2 * d.eval_examples      # (eval_batches copy them)
   keys = ("train.batch_size", "data.eval_examples", "data.length") + {
       "adding": (), "recall": ("data.num_items", "data.num_symbols")}.get(d.task, ("data.num_items",))
   per_example = sequence_length(config) + (d.num_symbols if d.task == "recall" else 0)
-  check_host_memory(config, keys, examples * EXAMPLE_BYTES * per_example,
-                    f"{examples} generated examples of {sequence_length(config)} steps")
+  validation.check_host_memory(config, keys, examples * EXAMPLE_BYTES * per_example,
+                               f"{examples} generated examples of {sequence_length(config)} steps")
 
 
 def sequence_length(config) -> int:

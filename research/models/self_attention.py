@@ -79,8 +79,8 @@ def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
     num_hashes: Reformer's hash rounds.
     layer: the layer's index: the seed of BigBird's random blocks, Performer's features
       and Reformer's rotations, so that every layer draws its own.
-    implementation: research.attention implementation of the MultiHeadAttention variants
-      (full, local, longformer, sparse, bigbird).
+    implementation: research.attention implementation of the softmax attentions (full,
+      local, longformer, sparse, bigbird, and memory_compressed's over compressed keys).
     dtype: dtype of the matrix products.
   """
   if name not in ATTENTIONS:
@@ -94,12 +94,12 @@ def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
                              dtype=dtype)
   if name == "memory_compressed":
     return functools.partial(MemoryCompressedAttention, num_heads, features, compression,
-                             dtype=dtype)
+                             implementation=implementation, dtype=dtype)
   if name == "linear":
-    return functools.partial(LinearSelfAttention, num_heads, features, dtype=dtype)
+    return functools.partial(LinearSelfAttention, num_heads, qkv_features=features, dtype=dtype)
   if name == "performer":
-    return functools.partial(PerformerSelfAttention, num_heads, features,
-                             num_features=num_features, seed=layer, dtype=dtype)
+    return functools.partial(PerformerSelfAttention, num_heads, num_features=num_features,
+                             seed=layer, qkv_features=features, dtype=dtype)
   if name == "synthesizer":
     return functools.partial(SynthesizerSelfAttention, num_heads, max_length,
                              query_block=SYNTHESIZER_QUERY_BLOCK

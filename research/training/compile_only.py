@@ -29,17 +29,9 @@ import jax
 from research.aot import report, targets
 from research.attention import registry
 from research.errors import ConfigError, WorkdirError
-from research.training import files, parallel
+from research.training import files, parallel, train_step
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.experiment import Experiment
-from research.training.train_step import (
-  init_state,
-  learning_rate_schedule,
-  make_eval_step,
-  make_optimizer,
-  make_train_step,
-  root_key,
-)
 
 REPORT = "compile_report.json"
 
@@ -67,13 +59,15 @@ def compile_only(config, workdir: str, experiment: Experiment, target_name: str)
   started = time.perf_counter()
   workload = (experiment.build_shapes or experiment.build)(config)
   strategy = parallel.MeshStrategy(devices, targets.COMPILER_OPTIONS.get(target.platform))
-  optimizer, schedule = make_optimizer(config.train), learning_rate_schedule(config.train)
-  init_rng, step_rng = jax.random.split(root_key(config.seed, target.platform))
+  optimizer = train_step.make_optimizer(config.train)
+  schedule = train_step.learning_rate_schedule(config.train)
+  init_rng, step_rng = jax.random.split(train_step.root_key(config.seed, target.platform))
   with refusals_as_config_errors():
     shapes = strategy.abstract_state(
-        jax.eval_shape(lambda rng: init_state(workload, optimizer, rng), init_rng))
-  train_step = make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name)
-  eval_step = make_eval_step(workload, strategy.axis_name)
+        jax.eval_shape(lambda rng: train_step.init_state(workload, optimizer, rng), init_rng))
+  train_fn = train_step.make_train_step(workload, optimizer, schedule, step_rng,
+                                        strategy.axis_name)
+  eval_fn = train_step.make_eval_step(workload, strategy.axis_name)
   memory = targets.memory_bytes(target)
   where = f"{target_name} ({devices[0].device_kind})"
   batches = {"train": next(workload.train_data), "eval": _largest(workload.eval_data)}
@@ -82,7 +76,7 @@ def compile_only(config, workdir: str, experiment: Experiment, target_name: str)
   gpu = registry.compiling_for_gpu(capability) if capability else contextlib.nullcontext()
   try:
     with gpu, registry.recording_choices() as choices:
-      for name, fn, state in (("train", train_step, shapes), ("eval", eval_step, shapes.params)):
+      for name, fn, state in (("train", train_fn, shapes), ("eval", eval_fn, shapes.params)):
         compile_step = strategy.compile_step if name == "train" else strategy.compile_eval
         batch = strategy.abstract_batch(batches[name])
         compiled = compile_checked(name, functools.partial(compile_step, fn, state, batch),

@@ -130,9 +130,11 @@ def test_memory_compressed_matches_formula(method, c):
   """kv_len 7 is not a multiple of c; the second row is padded to length 2 (one empty block)."""
   xq, xkv, lengths = normal(6, (B, 4, D)), normal(7, (B, 7, 5)), [7, 2]
   module = MemoryCompressedAttention(num_heads=H, qkv_features=H * HEAD, compression=c,
-                                     method=method)
+                                     method=method, implementation="dense")
   params = init(module, xq, xkv)
   out, state = jit_apply(module, mutable=["intermediates"])(
+      {"params": params}, xq, xkv, key_value_seq_lengths=jnp.array(lengths))
+  chunked = jit_apply(module.clone(implementation="chunked"))(
       {"params": params}, xq, xkv, key_value_seq_lengths=jnp.array(lengths))
   q, k, v = project(xq, params["query"]), project(xkv, params["key"]), project(xkv, params["value"])
   heads, weights = [], []
@@ -146,6 +148,7 @@ def test_memory_compressed_matches_formula(method, c):
   np.testing.assert_allclose(state["intermediates"]["attention_weights"][0], np.stack(weights),
                              atol=ATOL)
   np.testing.assert_allclose(out, output(np.stack(heads), params["out"]), atol=ATOL, rtol=1e-5)
+  np.testing.assert_allclose(chunked, out, atol=ATOL, rtol=1e-5)   # O(q_len) memory, no weights
 
 
 def test_identity_conv_without_compression_is_plain_attention():
