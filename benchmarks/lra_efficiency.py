@@ -19,7 +19,7 @@ every attention). For each length it prints, relative to full (dense) at that le
   v4 chip   the same compiled for one TPU v4 chip (deviceless, `research.aot`) with
             `--tpu_batch` sequences, at `--tpu_lengths` (default 4K: each compile takes
             about a minute on 2 cores): per-chip bytes, and whether it fits the chip's HBM
-            (XLA's "over: used X of Y" where it refuses the step)
+            (where XLA refuses the step, "over:" what it needs and the chip has)
 
 and at `--memory_lengths` (compiled, not run) each attention's memory at the longest
 length over its memory at the shortest, the O(n) check (linear: the ratio of the lengths).
@@ -113,11 +113,13 @@ def compiled_step(attention: str, batch: int, length: int):
 
 
 def refusal(error: Exception) -> str:
-  """The table's cell for a compile the chip refused: XLA's "used X of Y" when it ran out of
-  HBM, else the error's first line."""
-  used = re.search(r"Used (\S+) of (\S+) hbm", str(error))
-  if used:
-    return f"over: {used.group(1)}B of {used.group(2)}B"
+  """The table's cell for a compile the chip refused: what XLA says the step needs and the
+  chip has when it ran out of HBM, else the error's first line."""
+  over = re.search(r"Used (\S+) of (\S+) hbm|temporaries \((\S+)\) exceeds available HBM "
+                   r"\((\S+)\)", str(error))
+  if over:
+    needs, has = filter(None, over.groups())
+    return f"over: needs {needs}, has {has}"
   return f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
 
 
