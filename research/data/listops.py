@@ -33,7 +33,7 @@ import re
 import statistics
 
 from research.errors import InputError, excerpt
-from research.training.files import atomic_write
+from research.files import atomic_write
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"

@@ -26,10 +26,11 @@ import time
 
 import jax
 
+from research import files
 from research.aot import report, targets
 from research.attention import registry
 from research.errors import ConfigError, WorkdirError
-from research.training import files, parallel, train_step
+from research.training import parallel, train_step
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.experiment import Experiment
 

@@ -14,7 +14,7 @@ What a run guarantees:
   NaN / Inf loss        NonFiniteLossError naming the step; the last good checkpoint stays
   a second run          WorkdirError while a live run holds the workdir
   refused before start  (bad input, a step that cannot fit) the workdir as it was found
-  files read back       written whole (research/training/files.py); config.json that
+  files read back       written whole (research/files.py); config.json that
                         cannot be read refused, naming it
 """
 
@@ -31,8 +31,9 @@ import time
 import jax
 import numpy as np
 
+from research import files
 from research.errors import ConfigError, RunFailed, WorkdirError
-from research.training import files, parallel, plots
+from research.training import parallel, plots
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.compile import (

@@ -10,7 +10,7 @@ import time
 import jax
 
 from research.errors import RunFailed
-from research.training.files import atomic_write
+from research.files import atomic_write
 from research.training.tensorboard import EventWriter
 from research.training.workdir import unused_path
 

@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from research.files import atomic_write  # noqa: E402
 from research.training.experiment import Heatmap  # noqa: E402
-from research.training.files import atomic_write  # noqa: E402
 
 MAX_INCHES = 40        # a heatmap's largest side (4000 pixels at 100 dpi)
 MAX_LABELS = 100       # tick labels per axis at most
@@ -52,7 +52,7 @@ def plot_heatmap(heatmap: Heatmap, path: str) -> None:
 
 
 def _save(fig, path: str) -> None:
-  """The figure as a PNG file, written whole (see research/training/files.py); closes it."""
+  """The figure as a PNG file, written whole (see research/files.py); closes it."""
   try:
     with atomic_write(path, "wb") as f:
       fig.savefig(f, format="png", dpi=100)

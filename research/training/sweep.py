@@ -10,8 +10,8 @@ import io
 import os
 import sys
 
+from research import files
 from research.errors import ConfigError, UserError
-from research.training import files
 from research.training.experiment import Experiment
 from research.training.loop import FINAL_METRICS, train, validate
 from research.training.validation import apply_overrides

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from research.training import files
+from research import files
 
 
 def test_a_write_that_fails_leaves_the_previous_file_and_no_temporary(tmp_path):
