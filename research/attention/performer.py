@@ -7,7 +7,7 @@ with x̂ = x / d^{1/4} and m rows w_f of a projection W [m, d],
   φ(x) = exp(W x̂ − ‖x̂‖² / 2) / √m   [m],   E_W[φ(q)·φ(k)] = exp(q·k / √d)
 
 for rows w_f ~ N(0, I_d). The rows are drawn orthogonal ("positive orthogonal random
-features"): blocks of d orthonormal rows (QR of a Gaussian matrix), each row rescaled to
+features"): blocks of d orthonormal rows (Gram–Schmidt on a Gaussian matrix), each row rescaled to
 the norm of an independent N(0, I_d) vector, so that each row is still N(0, I_d)
 distributed and the estimate's variance falls. The attention is then linear attention
 with these features (`linear.kernelized_attention`, causal or not):
@@ -38,6 +38,20 @@ from research.attention.linear import check_causal_form, kernelized_attention
 Array = jax.Array
 
 
+def gram_schmidt(g: Array) -> Array:
+  """Q [d, d] with orthonormal columns and g = Q R, R upper triangular with a positive
+  diagonal (the QR factor that makes Q Haar-distributed for Gaussian g): modified
+  Gram–Schmidt, each column orthogonalised twice for float32 accuracy. Plain jnp operations,
+  no LAPACK call (a training step holding LAPACK's QR hung twice on the 2-core CPU, jax
+  0.10.2, every XLA thread idle), so any device compiles it, compile-only ones included."""
+  def column(j, q):
+    g_j = g[:, j]
+    for _ in range(2):                                   # columns ≥ j of q are still zero
+      g_j = g_j - q @ (q.T @ g_j)
+    return q.at[:, j].set(g_j / jnp.linalg.norm(g_j))
+  return jax.lax.fori_loop(0, g.shape[-1], column, jnp.zeros_like(g))
+
+
 def orthogonal_random_features(key: Array, num_features: int, head_dim: int) -> Array:
   """W [num_features, head_dim]: blocks of head_dim orthonormal rows, row f scaled to ‖g_f‖
   with g_f ~ N(0, I) drawn independently (the last block keeps its first rows)."""
@@ -47,8 +61,7 @@ def orthogonal_random_features(key: Array, num_features: int, head_dim: int) -> 
   block_key, norm_key = jax.random.split(key)
 
   def orthonormal_rows(k):
-    q, r = jnp.linalg.qr(jax.random.normal(k, (head_dim, head_dim), jnp.float32))
-    return (q * jnp.sign(jnp.diagonal(r))).T               # Haar-distributed, rows orthonormal
+    return gram_schmidt(jax.random.normal(k, (head_dim, head_dim), jnp.float32)).T
 
   rows = jax.vmap(orthonormal_rows)(jax.random.split(block_key, blocks))
   rows = rows.reshape(blocks * head_dim, head_dim)[:num_features]
@@ -113,11 +126,8 @@ class PerformerSelfAttention(HeadsSelfAttention):
   Parameters: query / key / value / out as in `MultiHeadAttention`; the projection W
   [num_features, d] is no parameter. It is drawn from a key fixed by `seed` and the
   module's path (each layer its own, the same at every call), or, with redraw=True and
-  train=True, afresh at each call from the PRNG stream "attention". The fixed W is computed
-  when the step is traced and enters it as a constant; a redrawn W is a QR decomposition
-  (LAPACK on a CPU) inside every step. On the 2-core CPU (jax 0.10.2) a training step with
-  that QR inside hung twice, after 400 and 1 800 steps (every thread idle in XLA's pool);
-  with the constant W none has.
+  train=True, afresh at each call from the PRNG stream "attention". Either is computed
+  inside the step (`gram_schmidt`, d steps of d × d products per block of d rows).
   `__call__(x [b, n, D], *, is_causal=False, key_value_seq_lengths=None, train=False)`
   -> [b, n, D].
   """
@@ -137,10 +147,9 @@ class PerformerSelfAttention(HeadsSelfAttention):
     if self.redraw and train:
       projection = orthogonal_random_features(self.make_rng("attention"), self.num_features,
                                               q.shape[-1])
-    else:  # fixed W: drawn when traced, a constant of the compiled step (no QR inside it)
-      with jax.ensure_compile_time_eval():
-        projection = orthogonal_random_features(module_key(self.seed, self),
-                                                self.num_features, q.shape[-1])
+    else:
+      projection = orthogonal_random_features(module_key(self.seed, self), self.num_features,
+                                              q.shape[-1])
     out = favor_attention(q, k, v, projection, is_causal=is_causal,
                           causal_form=self.causal_form, chunk_size=self.chunk_size,
                           key_value_seq_lengths=key_value_seq_lengths)

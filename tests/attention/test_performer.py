@@ -20,10 +20,12 @@ import torch
 from performer_pytorch import performer_pytorch
 from random_draws import normal, random_params
 
+from research.aot import targets
 from research.attention.heads import module_key
 from research.attention.performer import (
   PerformerSelfAttention,
   favor_attention,
+  gram_schmidt,
   orthogonal_random_features,
 )
 
@@ -152,3 +154,28 @@ def test_bad_arguments_name_the_allowed_values():
   with pytest.raises(ValueError, match=r"causal_form must be one of \('scan', 'chunked'\)"):
     PerformerSelfAttention(num_heads=1, causal_form="dense").init(jax.random.key(0),
                                                                   jnp.zeros((1, 4, 4)))
+
+
+def test_gram_schmidt_is_lapacks_qr_with_a_positive_diagonal():
+  g = np.asarray(normal(11, (16, 16)))
+  q, r = np.linalg.qr(g)                                  # numpy's LAPACK
+  np.testing.assert_allclose(jax.jit(gram_schmidt)(g), q * np.sign(np.diag(r)), atol=1e-5)
+
+
+def test_the_module_compiles_for_a_chip_this_machine_lacks():
+  """Under a mesh of compile-only devices nothing can run eagerly: W is drawn in the step,
+  with no LAPACK call (the step compiled for a TPU v5e chip, deviceless)."""
+  try:
+    devices = targets.devices_of(targets.get("tpu-v5e-1"))
+  except targets.TargetUnavailable as error:
+    pytest.skip(str(error))
+  module = PerformerSelfAttention(num_heads=H, num_features=M)
+  mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+  put = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=jax.NamedSharding(
+      mesh, jax.sharding.PartitionSpec()))
+  x = put(jax.ShapeDtypeStruct((B, N, 8), jnp.float32))
+  params = jax.tree.map(put, jax.eval_shape(module.init, jax.random.key(0), x))
+  with jax.set_mesh(mesh):
+    compiled = jax.jit(module.apply).trace(params, x).lower(
+        lowering_platforms=("tpu",)).compile()
+  assert "lapack" not in compiled.as_text().lower()
