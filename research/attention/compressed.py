@@ -190,7 +190,7 @@ class MemoryCompressedAttention(nn.Module):
     v, _ = compress(v, "value_conv")
     attend = functools.partial(dot_product_attention, q, k, v, mask=block_valid[:, None, None, :],
                                implementation=self.implementation)
-    if self.implementation != registry.AUTO and registry.get(self.implementation).returns_weights:
+    if registry.gives_weights(self.implementation):
       out, weights = attend(return_weights=True)
       self.sow("intermediates", "attention_weights", weights)
     else:

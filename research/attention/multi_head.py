@@ -153,8 +153,7 @@ class MultiHeadAttention(nn.Module):
           implementation = registry.AUTO
 
     dropout = self.dropout_rate > 0 and train
-    weights = dropout or (implementation != registry.AUTO
-                          and registry.get(implementation).returns_weights)
+    weights = dropout or registry.gives_weights(implementation)
     attend = functools.partial(dot_product_attention, q, k, v, mask=mask, bias=bias,
                                implementation="dense" if dropout else implementation,
                                block_size=self.block_size, **pattern)

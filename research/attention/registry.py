@@ -256,6 +256,12 @@ def get(name: str) -> Implementation:
   return _REGISTRY[name]
 
 
+def gives_weights(name: str) -> bool:
+  """Whether `implementation=name` computes the attention weights (never "auto", whose
+  choice depends on the platform)."""
+  return name != AUTO and get(name).returns_weights
+
+
 def check_name(name: str) -> str:
   """`name` if `implementation=` takes it ("auto" or registered); else the ValueError of `get`."""
   if name != AUTO:
