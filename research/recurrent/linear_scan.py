@@ -24,7 +24,7 @@ The backward pass is written out (custom VJP): the states' cotangent g (for a pa
 gradients of its real and imaginary parts, g = ∂L/∂h_re + i ∂L/∂h_im) obeys the same
 recurrence in the other direction, g_t = ā ⊙ g_{t+1} + ∂L/∂h_t (ā the complex conjugate),
 then ∂L/∂b_t = g_t and ∂L/∂a = Σ_t g_t ⊙ conj(h_{t−1}): one more scan of the same kind,
-parallel or stepwise as the forward was.
+parallel or stepwise as the forward was, which sums ∂L/∂a as it goes.
 
 `lengths` [B] ints: steps t ≥ lengths[b] are padding. Their b_t is ignored, `h_last` is the
 state after each sequence's own last step (h0 or zero for length 0) and a reverse scan
@@ -62,34 +62,58 @@ def _map(fn, v: Value) -> Value:
 
 
 def _loop(a: Value | None, b: Value, reverse: bool, axis: int, h: Value | None = None,
-          store: bool = True) -> Value:
+          store: bool = True, against: tuple[Value, Value] | None = None):
   """One step at a time along `axis` of b, vectorised over the other axes, from the state
   h (zero when None; shaped like b without `axis`). Returns every state, or only the last
-  when not `store`."""
+  when not `store`.
+
+  The states overwrite b's buffer as they are computed (step t reads b_t, then writes h_t
+  in its place): no zero-filled buffer to allocate, and XLA works in place where b is not
+  needed afterwards.
+
+  `against` = (r, r_after), r shaped like b and r_after like the state: also returns
+  Σ_t h_t ⊙ conj(r_t'), t' the step after t in this loop's order (r_after after the last),
+  summed over `axis` only: the backward pass's ∂L/∂a, accumulated while the states are at
+  hand instead of in passes over them afterwards."""
   num_steps = b[0].shape[axis]
   at = lambda x, t: lax.dynamic_index_in_dim(x, t, axis, keepdims=False)
   if h is None:
     h = _map(lambda x: jnp.zeros(x.shape[:axis] + x.shape[axis + 1:], x.dtype), b)
+  total = None if against is None else _map(jnp.zeros_like, h)
 
   def body(k, carry):
-    h, states = carry
+    h, buffer, total = carry
     t = num_steps - 1 - k if reverse else k
-    h = _add(_mul(a, h), _map(lambda x: at(x, t), b))
+    h = _add(_mul(a, h), _map(lambda x: at(x, t), buffer))
     if store:
-      states = tuple(lax.dynamic_update_index_in_dim(s, x, t, axis) for s, x in zip(states, h))
-    return h, states
+      buffer = tuple(lax.dynamic_update_index_in_dim(s, x, t, axis) for s, x in zip(buffer, h))
+    if against is not None:
+      r, r_after = against
+      index = jnp.clip(t - 1 if reverse else t + 1, 0, num_steps - 1)
+      r_next = tuple(jnp.where(k == num_steps - 1, y, at(x, index)) for x, y in zip(r, r_after))
+      total = _add(total, _mul(h, _conj(r_next)))
+    return h, buffer, total
 
-  h, states = lax.fori_loop(0, num_steps, body, (h, _map(jnp.zeros_like, b) if store else ()))
-  return states if store else h
+  h, states, total = lax.fori_loop(0, num_steps, body, (h, b, total))
+  out = states if store else h
+  return out if against is None else (out, total)
 
 
-def _chunked(a: Value | None, b: Value, reverse: bool, chunk: int) -> Value:
-  """The parallel form (module docstring) over axis 1 of b [B, T, *state]."""
+def _blocks(x: Array, size: int) -> Array:
+  """[B, T, *state] -> [B, chunks, size, *state], zeros after step T."""
+  chunks = -(-x.shape[1] // size)
+  pad = ((0, 0), (0, chunks * size - x.shape[1])) + ((0, 0),) * (x.ndim - 2)
+  return jnp.pad(x, pad).reshape((x.shape[0], chunks, size) + x.shape[2:])
+
+
+def _chunked(a: Value | None, b: Value, reverse: bool, chunk: int, against: Value | None = None):
+  """The parallel form (module docstring) over axis 1 of b [B, T, *state]; with `against`
+  (r like b), also Σ_t h_t ⊙ conj(r_t') as in `_loop` (r zero after the last step),
+  summed over time to [B, *state]."""
   batch, num_steps = b[0].shape[:2]
   size = min(chunk, num_steps)
-  chunks = -(-num_steps // size)
-  pad = ((0, 0), (0, chunks * size - num_steps)) + ((0, 0),) * (b[0].ndim - 2)
-  blocks = _map(lambda x: jnp.pad(x, pad).reshape((batch, chunks, size) + x.shape[2:]), b)
+  blocks = _map(lambda x: _blocks(x, size), b)
+  chunks = blocks[0].shape[1]
   # 1. each chunk's end state from a zero start (padding at the end adds nothing: a reverse
   # scan starts there, a forward one ends there and its states are cut off)
   ends = _loop(a, blocks, reverse, axis=2, store=False)                  # [B, chunks, *state]
@@ -105,16 +129,30 @@ def _chunked(a: Value | None, b: Value, reverse: bool, chunk: int) -> Value:
       return _mul(later[0], earlier[0]), _add(_mul(later[0], earlier[1]), later[1])
 
     carried = lax.associative_scan(combine, (a_chunk, ends), reverse=reverse, axis=1)[1]
+  # chunk c's value from chunk c - 1 (from c + 1 when `later`), zero at the edge
   zero = lambda x: jnp.zeros_like(x[:, :1])
-  into = _map(lambda x: jnp.concatenate([x[:, 1:], zero(x)], 1) if reverse
-              else jnp.concatenate([zero(x), x[:, :-1]], 1), carried)
+  shift = lambda x, later: (jnp.concatenate([x[:, 1:], zero(x)], 1) if later
+                            else jnp.concatenate([zero(x), x[:, :-1]], 1))
+  into = _map(lambda x: shift(x, reverse), carried)   # what enters each chunk
   # 3. every state, each chunk starting from what enters it
-  h = _loop(a, blocks, reverse, axis=2, h=into)
-  return _map(lambda x: x.reshape((batch, chunks * size) + x.shape[3:])[:, :num_steps], h)
+  if against is None:
+    h = _loop(a, blocks, reverse, axis=2, h=into)
+  else:   # r after each chunk in the loop's order: the next chunk's first step, zero at the end
+    r = _map(lambda x: _blocks(x, size), against)
+    after = _map(lambda x: shift(x[:, :, -1] if reverse else x[:, :, 0], not reverse), r)
+    h, total = _loop(a, blocks, reverse, axis=2, h=into, against=(r, after))
+  h = _map(lambda x: x.reshape((batch, chunks * size) + x.shape[3:])[:, :num_steps], h)
+  return h if against is None else (h, _map(lambda x: x.sum(1), total))
 
 
-def _run(a: Value | None, b: Value, reverse: bool, parallel: bool, chunk: int) -> Value:
-  return _chunked(a, b, reverse, chunk) if parallel else _loop(a, b, reverse, axis=1)
+def _run(a: Value | None, b: Value, reverse: bool, parallel: bool, chunk: int,
+         against: Value | None = None):
+  """All states of h_t = a ⊙ h_{t−1} + b_t; with `against`, also Σ_t h_t ⊙ conj(r_t')
+  [B, *state] (see `_loop`)."""
+  if parallel:
+    return _chunked(a, b, reverse, chunk, against)
+  after = None if against is None else _map(lambda x: jnp.zeros_like(x[:, 0]), against)
+  return _loop(a, b, reverse, axis=1, against=None if against is None else (against, after))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -133,12 +171,11 @@ def _conj(v: Value | None) -> Value | None:
 
 def _scan_bwd(reverse, parallel, chunk, residuals, d_h):
   a, h = residuals
-  g = _run(_conj(a), d_h, not reverse, parallel, chunk)
   if a is None:
-    return None, g
-  # Σ_t g_t ⊙ conj(h_{t−1}) (h_{t+1} when reverse); the step without a predecessor adds nothing
-  later, earlier = (slice(None, -1), slice(1, None)) if reverse else (slice(1, None), slice(None, -1))
-  d_a = _mul(_map(lambda x: x[:, later], g), _conj(_map(lambda x: x[:, earlier], h)))
+    return None, _run(None, d_h, not reverse, parallel, chunk)
+  # g runs the other way; ∂L/∂a = Σ_t g_t ⊙ conj(h_{t−1}) (h_{t+1} when reverse): h at the
+  # step after t in g's order, zero past the end (the step without a predecessor adds nothing)
+  g, d_a = _run(_conj(a), d_h, not reverse, parallel, chunk, against=h)
   leading = d_a[0].ndim - a[0].ndim
   summed = tuple(range(leading)) + tuple(
       leading + i for i, n in enumerate(a[0].shape) if n == 1 and d_a[0].shape[leading + i] != 1)
