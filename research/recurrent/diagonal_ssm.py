@@ -149,11 +149,12 @@ class DiagonalSSM(nn.Module):
     return product(b.real), product(b.imag)
 
   def _output_product(self, h: tuple[Array, Array], c: Array) -> Array:
-    """Re(C h) [..., H] float32 = C_re h_re − C_im h_im for h = (h_re, h_im), in `dtype`."""
+    """Re(C h) [..., H] float32 = C_re h_re + (−C_im) h_im for h = (h_re, h_im), in `dtype`
+    (the small C_im negated, not the product: no negated copy of it or of its cotangent)."""
     dtype = self.dtype or jnp.float32
     product = lambda v, w: jnp.einsum("...n,hn->...h", v.astype(dtype), w.astype(dtype),
                                       preferred_element_type=jnp.float32)
-    return product(h[0], c.real) - product(h[1], c.imag)
+    return product(h[0], c.real) + product(h[1], -c.imag)
 
   def _initial_state(self, initial_state: Array | None, batch: int) -> Array | None:
     """[directions, batch, N] complex64, or None for zeros."""
