@@ -44,6 +44,7 @@ Variant arguments (comma-separated key=value):
 
 import ml_collections
 
+from research.models.recurrent_mixer import recurrence_defaults
 from research.training.config import base_config, parse_variants
 
 # Per model: its config.model fields, and (steps, peak learning rate), chosen so that each
@@ -87,6 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.mlp_ratio = 4              # transformer: MLP width / hidden_size
   config.model.window = 0                 # transformer: 0 full causal, w > 0 sliding window
   config.model.state_size = 64            # --config.model.kind=lru | s5: complex states per block
+  config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dropout = 0.0              # between recurrent layers / on transformer branches
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16

@@ -40,6 +40,7 @@ Variant arguments (comma-separated key=value):
 import ml_collections
 
 from research.models.encoder_classifier import CLASSIFIER_KINDS
+from research.models.recurrent_mixer import recurrence_defaults
 from research.models.self_attention import ATTENTIONS
 from research.training.config import base_config, parse_variants
 
@@ -97,6 +98,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.num_features = 256        # performer's random features per head
   config.model.num_hashes = 2            # reformer's hash rounds
   config.model.state_size = 64           # lru / s5: complex states N per block
+  config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
   config.model.positions = "learned"     # learned | sinusoidal
   config.model.norm = "post"             # post (LRA) | pre
   config.model.pooling = "cls"           # cls | mean

@@ -47,6 +47,7 @@ Variant arguments (comma-separated key=value):
 
 import ml_collections
 
+from research.models.recurrent_mixer import recurrence_defaults
 from research.training.config import base_config, parse_variants
 from research.training.validation import ConfigError
 
@@ -112,6 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.attention = "full"         # transformer attention pattern: full | local (window)
   config.model.window = 0                 # half-width of local attention (0 with full)
   config.model.state_size = 64            # --config.model.kind=lru | s5: complex states per block
+  config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
   return config

@@ -60,6 +60,7 @@ from research.errors import ConfigError, InputError
 from research.experiments.registry import register
 from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel, sample
+from research.models.recurrent_mixer import check_recurrence
 from research.training.experiment import Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,
@@ -70,13 +71,14 @@ from research.training.validation import (
   check_parameter_memory,
   check_positive,
   check_rate,
+  check_with,
 )
 
 MANIFEST = "corpus_manifest.json"
 SAMPLES = "samples.txt"
 POSITIVE_INTS = ("model.hidden_size", "model.num_layers", "model.embed_size", "model.num_heads",
-                 "model.mlp_ratio", "data.context", "data.eval_windows", "data.test_lanes",
-                 "data.test_chunk", "sample.num_samples", "sample.length")
+                 "model.mlp_ratio", "model.state_size", "data.context", "data.eval_windows",
+                 "data.test_lanes", "data.test_chunk", "sample.num_samples", "sample.length")
 NON_NEGATIVE_INTS = ("model.window", "data.test_bytes", "data.test_stride", "sample.top_k")
 
 
@@ -90,6 +92,7 @@ def validate(config) -> None:
   check_positive(config, *POSITIVE_INTS)
   check_positive(config, *NON_NEGATIVE_INTS, "sample.temperature", allow_zero=True)
   check_int(config, *POSITIVE_INTS, *NON_NEGATIVE_INTS)
+  check_with(config, "model.recurrence", lambda options: check_recurrence(options, m.state_size))
   check_rate(config, "model.dropout")
   if config.sample.top_k > 256:
     raise ConfigError(f"config.sample.top_k={config.sample.top_k} must be in 0 … 256 "

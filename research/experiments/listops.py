@@ -38,6 +38,7 @@ from research.models.encoder_classifier import (
   POSITIONS,
   EncoderClassifier,
 )
+from research.models.recurrent_mixer import check_recurrence
 from research.models.self_attention import ATTENTIONS
 from research.models.transformer_block import NORMS
 from research.training.experiment import Report, Workload
@@ -49,6 +50,7 @@ from research.training.validation import (
   check_parameter_memory,
   check_positive,
   check_rate,
+  check_with,
 )
 
 SPLITS = ("train", "val", "test")
@@ -77,6 +79,8 @@ def validate(config) -> None:
                  "data.eval_examples", "data.test_examples")
   check_positive(config, "data.min_tree_length", allow_zero=True)
   check_rate(config, "model.dropout_rate")
+  check_with(config, "model.recurrence",
+             lambda options: check_recurrence(options, config.model.state_size))
   check_divides(config, "model.num_heads", "model.hidden_size")
   if d.length_buckets > d.max_length:
     raise ConfigError(f"config.data.length_buckets={d.length_buckets} must be at most "

@@ -31,6 +31,7 @@ from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError
 from research.experiments.registry import register
 from research.models.kinds import KINDS
+from research.models.recurrent_mixer import check_recurrence
 from research.models.sequence_model import ATTENTIONS, SequenceModel
 from research.training import validation
 from research.training.experiment import Workload
@@ -41,7 +42,7 @@ ADDING_TOLERANCE = 0.04
 # generators' float64 / int64 temporaries: recall draws num_symbols keys per example).
 EXAMPLE_BYTES = 16
 SIZES = ("data.length", "data.num_symbols", "data.num_items", "data.eval_examples",
-         "model.hidden_size", "model.num_layers", "model.num_heads")
+         "model.hidden_size", "model.num_layers", "model.num_heads", "model.state_size")
 
 
 def validate(config) -> None:
@@ -52,6 +53,8 @@ def validate(config) -> None:
   validation.check_choice(config, "model.implementation", implementation_names())
   validation.check_choice(config, "model.dtype", validation.COMPUTE_DTYPES)
   validation.check_positive(config, *SIZES)
+  validation.check_with(config, "model.recurrence",
+                        lambda options: check_recurrence(options, config.model.state_size))
   validation.check_positive(config, "model.window", allow_zero=True)
   if config.data.task == "adding" and config.data.length < 2:
     raise ConfigError(f"config.data.length={config.data.length} must be >= 2 for the adding "

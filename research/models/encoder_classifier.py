@@ -44,6 +44,8 @@ class EncoderClassifier(nn.Module):
   kind: str = "transformer"         # the blocks' mixer: "transformer" (self-attention), "lru", "s5"
   attention: str = "full"           # kind "transformer": one of ATTENTIONS
   state_size: int = 64              # kinds "lru" / "s5": complex states N per block
+  recurrence: Any = None            # kinds "lru" / "s5": {kind: {option: value}}
+                                    # (recurrent_mixer.OPTIONS; None: the layers' defaults)
   window: int = 64                  # local / longformer half-width
   proj_len: int = 256               # linformer's projected length k
   compression: int = 4              # memory_compressed's c
@@ -88,7 +90,7 @@ class EncoderClassifier(nn.Module):
           compression=self.compression, block_size=self.block_size,
           num_features=self.num_features, num_hashes=self.num_hashes, layer=layer,
           implementation=self.implementation, dtype=dtype),
-                          state_size=self.state_size, dtype=dtype)
+                          state_size=self.state_size, dtype=dtype, recurrence=self.recurrence)
       x = TransformerBlock(mixer, self.mlp_size, norm=self.norm,
                            dropout_rate=self.dropout_rate,
                            activation_dropout_rate=self.dropout_rate, dtype=dtype,

@@ -49,6 +49,7 @@ class LanguageModel(nn.Module):
   implementation: str = "auto"   # transformer: research.attention implementation
   dropout: float = 0.0           # between recurrent layers / on transformer branches (train)
   state_size: int = 64           # lru / s5: complex states N of each block's (causal) recurrence
+  recurrence: Any = None         # lru / s5: {kind: {option: value}} (recurrent_mixer.OPTIONS)
   dtype: Any = "float32"         # dtype of the matrix products ("float32", "bfloat16")
 
   def initial_carry(self, batch_size: int) -> Any:
@@ -88,7 +89,8 @@ class LanguageModel(nn.Module):
     mixer = block_mixer(self.kind, functools.partial(self_attention,
         "local" if self.window else "full", num_heads=self.num_heads,
         features=self.hidden_size, window=self.window, implementation=self.implementation,
-        dtype=self.dtype), state_size=self.state_size, dtype=self.dtype)
+        dtype=self.dtype), state_size=self.state_size, dtype=self.dtype,
+                        recurrence=self.recurrence)
     for layer in range(self.num_layers):
       x = TransformerBlock(mixer, self.mlp_ratio * self.hidden_size, is_causal=True,
                            dropout_rate=self.dropout, dtype=self.dtype,

@@ -8,12 +8,18 @@ forward state alone. Padded steps (t ≥ length) give zeros and leave the state 
 The block around it (LayerNorm, residual, MLP) is the transformer's, so a model of these
 blocks has the transformer's widths and depth, as in the LRU and S5 papers' LRA models.
 
+A model's `recurrence` sets the layer's other fields per kind, e.g.
+{"lru": {"r_min": 0.9, "r_max": 0.999}, "s5": {"dt_min": 1e-4}}: OPTIONS lists those a
+model may set (the rest, the state size, the direction and the dtype, it sets itself), and
+`recurrence_defaults()` gives their defaults, the layers' own.
+
 `block_mixer(kind, ...)` is the constructor a TransformerBlock calls with name="attention":
 self-attention for kind "transformer", the recurrence for "lru" and "s5".
 """
 
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -23,27 +29,63 @@ from research.recurrent import LRU, S5
 
 Array = jax.Array
 LINEAR_RECURRENT = {"lru": LRU, "s5": S5}
+OPTIONS = {   # per kind: the layer's fields a model's `recurrence` may set
+    "lru": ("r_min", "r_max", "max_phase", "mode", "chunk_size"),
+    "s5": ("blocks", "conj_sym", "dt_min", "dt_max", "mode", "chunk_size"),
+}
+
+
+def recurrence_defaults() -> dict[str, dict[str, Any]]:
+  """{kind: {option: the layer's default}} for every kind of LINEAR_RECURRENT."""
+  return {kind: {field.name: field.default for field in dataclasses.fields(LINEAR_RECURRENT[kind])
+                 if field.name in OPTIONS[kind]} for kind in LINEAR_RECURRENT}
+
+
+def check_recurrence(recurrence: Mapping[str, Mapping[str, Any]] | None,
+                     state_size: int = 64) -> None:
+  """ValueError naming the first unknown kind or option, or value a layer refuses (with
+  `state_size` states)."""
+  for kind, options in (recurrence or {}).items():
+    if kind not in LINEAR_RECURRENT:
+      raise ValueError(f"{kind!r} is not a linear recurrence; the kinds are "
+                       f"{', '.join(LINEAR_RECURRENT)}")
+    for name in options:
+      if name not in OPTIONS[kind]:
+        raise ValueError(f"{kind}.{name} is not an option of {kind}; its options are "
+                         f"{', '.join(OPTIONS[kind])}")
+    try:
+      LINEAR_RECURRENT[kind](state_size=state_size, **options).check_config()
+    except (TypeError, ValueError) as error:
+      raise ValueError(f"{kind}: {error}") from None
 
 
 class RecurrentMixer(nn.Module):
   """x [B, L, F], key lengths [B] or None -> [B, L, F] (see the module docstring)."""
   layer: Callable[..., nn.Module]   # LRU or S5
   state_size: int = 64              # N
+  options: Mapping[str, Any] | None = None   # the layer's other fields (OPTIONS)
   dtype: Any = None                 # dtype of the matrix products
 
   @nn.compact
   def __call__(self, x: Array, *, is_causal: bool = False,
                key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
     del train  # no dropout inside the recurrence
-    y, _ = self.layer(state_size=self.state_size, bidirectional=not is_causal,
-                      dtype=self.dtype, name="recurrence")(x, seq_lengths=key_value_seq_lengths)
+    y, _ = self.layer(state_size=self.state_size, bidirectional=not is_causal, dtype=self.dtype,
+                      **dict(self.options or {}), name="recurrence")(
+        x, seq_lengths=key_value_seq_lengths)
     return y.astype(x.dtype)
 
 
 def block_mixer(kind: str, self_attention: Callable[[], Callable[..., nn.Module]], *,
-                state_size: int, dtype: Any) -> Callable[..., nn.Module]:
+                state_size: int, dtype: Any,
+                recurrence: Mapping[str, Mapping[str, Any]] | None = None
+                ) -> Callable[..., nn.Module]:
   """The mixer of a block of a model of `kind`: `self_attention()` (a constructor, see
-  self_attention.py) for "transformer", RecurrentMixer for the LINEAR_RECURRENT kinds."""
+  self_attention.py) for "transformer", RecurrentMixer for the LINEAR_RECURRENT kinds with
+  the options recurrence[kind] (the layer's defaults where absent)."""
   if kind in LINEAR_RECURRENT:
-    return functools.partial(RecurrentMixer, LINEAR_RECURRENT[kind], state_size, dtype=dtype)
+    check_recurrence(recurrence, state_size)
+    options = dict((recurrence or {}).get(kind, {}))
+    return functools.partial(RecurrentMixer, LINEAR_RECURRENT[kind], state_size,
+                             options=options, dtype=dtype)
   return self_attention()

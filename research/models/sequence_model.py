@@ -6,10 +6,16 @@
                      num_layers pre-norm TransformerBlocks (x += MHA(LN(x)); x += MLP(LN(x)))
                      with non-causal self-attention, "full" or "local" (query i sees keys
                      i − window … i + window) -> LayerNorm -> head
+  lru | s5           the same blocks with a bidirectional linear recurrence in the place of
+                     the self-attention (recurrent_mixer.py)
+
+With `causal`, position i of the blocks reads positions ≤ i only: causal self-attention
+(local: keys i − window … i), the forward recurrence alone (half the work of both).
 
 The head is a Dense layer on every position ("per_position": [B, L, num_outputs]) or on
-the last one ("last": [B, num_outputs]); the last position of a recurrent model has read
-the whole sequence, and every position of the encoder sees every other. Matrix products
+the last one ("last": [B, num_outputs]); the last position of a recurrent model, or of
+causal blocks, has read the whole sequence, and every position of the non-causal blocks
+sees every other. Matrix products
 run in `dtype` (e.g. bfloat16) with float32 parameters; the outputs are float32.
 """
 
@@ -47,6 +53,8 @@ class SequenceModel(nn.Module):
   implementation: str = "auto"   # research.attention implementation of the attention
   window: int = 0                # half-width of "local" attention
   state_size: int = 64           # lru / s5: complex states N of each block's recurrence
+  recurrence: Any = None         # lru / s5: {kind: {option: value}} (recurrent_mixer.OPTIONS)
+  causal: bool = False           # blocks: position i reads positions <= i only
   dtype: Any = "float32"         # dtype of the matrix products ("float32", "bfloat16")
 
   @nn.compact
@@ -78,8 +86,9 @@ class SequenceModel(nn.Module):
     mixer = block_mixer(self.kind, functools.partial(self_attention,
         self.attention, num_heads=self.num_heads, features=self.hidden_size,
         window=self.window, implementation=self.implementation, dtype=self.dtype),
-                        state_size=self.state_size, dtype=self.dtype)
+                        state_size=self.state_size, dtype=self.dtype,
+                        recurrence=self.recurrence)
     for layer in range(self.num_layers):
-      x = TransformerBlock(mixer, 4 * self.hidden_size, dtype=self.dtype,
-                           name=f"block{layer}")(x)
+      x = TransformerBlock(mixer, 4 * self.hidden_size, is_causal=self.causal,
+                           dtype=self.dtype, name=f"block{layer}")(x)
     return nn.LayerNorm(name="final_norm")(x)

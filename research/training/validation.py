@@ -75,6 +75,15 @@ def check_range(config, key: str, low: float, high: float, why: str = "") -> Non
                       + (f" ({why})" if why else ""))
 
 
+def check_with(config, key: str, check) -> None:
+  """`check(get(config, key))`, a function of the library that raises ValueError (or
+  TypeError) for a value it refuses: ConfigError with its message, naming the key."""
+  try:
+    check(get(config, key))
+  except (TypeError, ValueError) as error:
+    raise ConfigError(f"config.{key}: {error}") from None
+
+
 def check_host_memory(config, keys: Iterable[str], needed: int, what: str) -> None:
   """ConfigError when `needed` bytes of host memory (for `what`, sized by the config keys)
   exceed the memory this machine has available; the message shows the keys' values."""

@@ -86,3 +86,23 @@ def test_unknown_kind_head_or_attention_is_rejected(field, value):
                            field: value})
   with pytest.raises(ValueError, match=f"{field} must be one of"):
     model.init(jax.random.key(0), floats())
+
+
+def test_recurrence_options_reach_each_blocks_layer():
+  """`recurrence` sets the LRU's ring: every |λ| = exp(−exp(ν_log)) of both blocks lies in
+  [r_min, r_max] (the paper's parametrisation), which the default ring [0, 1] would not
+  give; an option the layer does not take is refused, naming the allowed ones."""
+  ring = {"lru": {"r_min": 0.9, "r_max": 0.95, "max_phase": 0.1}}
+  model = SequenceModel(kind="lru", hidden_size=8, num_layers=2, num_outputs=1, head="last",
+                        state_size=16, recurrence=ring)
+  params = jax.jit(model.init)(jax.random.key(0), floats())["params"]
+  for block in ("block0", "block1"):
+    layer = params[block]["attention"]["recurrence"]
+    magnitude = np.exp(-np.exp(np.asarray(layer["nu_log"])))
+    assert (magnitude >= 0.9 - 1e-6).all() and (magnitude <= 0.95 + 1e-6).all()
+    assert (np.exp(np.asarray(layer["theta_log"])) <= 0.1 + 1e-6).all()
+  bad = SequenceModel(kind="lru", hidden_size=8, num_layers=1, num_outputs=1,
+                      recurrence={"lru": {"dt_min": 0.01}})
+  with pytest.raises(ValueError, match="lru.dt_min is not an option of lru; its options are "
+                                       "r_min, r_max, max_phase, mode, chunk_size"):
+    bad.init(jax.random.key(0), floats())
