@@ -52,6 +52,7 @@ def validate(config) -> None:
   validation.check_choice(config, "model.attention", ATTENTIONS)
   validation.check_choice(config, "model.implementation", implementation_names())
   validation.check_choice(config, "model.dtype", validation.COMPUTE_DTYPES)
+  validation.check_choice(config, "model.causal", (True, False))
   validation.check_positive(config, *SIZES)
   validation.check_with(config, "model.recurrence",
                         lambda options: check_recurrence(options, config.model.state_size))
