@@ -57,6 +57,10 @@ def _add(x: Value, y: Value) -> Value:
   return tuple(p + q for p, q in zip(x, y))
 
 
+def _conj(v: Value | None) -> Value | None:
+  return v if v is None or len(v) == 1 else (v[0], -v[1])
+
+
 def _map(fn, v: Value) -> Value:
   return tuple(fn(x) for x in v)
 
@@ -163,10 +167,6 @@ def _scan(a: Value | None, b: Value, reverse: bool, parallel: bool, chunk: int) 
 def _scan_fwd(a, b, reverse, parallel, chunk):
   h = _run(a, b, reverse, parallel, chunk)
   return h, (a, h)
-
-
-def _conj(v: Value | None) -> Value | None:
-  return v if v is None or len(v) == 1 else (v[0], -v[1])
 
 
 def _scan_bwd(reverse, parallel, chunk, residuals, d_h):
