@@ -26,11 +26,13 @@ def small_config(arg=None, **overrides):
 
 
 @pytest.mark.parametrize("task", experiment.TASKS)
-@pytest.mark.parametrize("model", ["rnn", "lstm", "gru", "transformer"])
+@pytest.mark.parametrize("model", ["rnn", "lstm", "gru", "transformer", "lru", "s5"])
 def test_every_variant_validates(task, model):
   config = experiment.get_config(f"task={task},model={model},length=33")
   sequence_tasks.validate(config)
   assert (config.data.task, config.model.kind, config.data.length) == (task, model, 33)
+  if model in ("lru", "s5"):      # the products of the adding problem need a second block
+    assert config.model.num_layers >= 2
 
 
 def test_default_config_is_the_adding_problem_with_an_lstm():
@@ -42,7 +44,8 @@ def test_default_config_is_the_adding_problem_with_an_lstm():
 @pytest.mark.parametrize("arg, message", [
     ("cell=gru", "unknown variant 'cell'.*allowed: task, model, length"),
     ("task=sort", "task='sort' is not allowed; choose one of: copy, reverse, adding, recall"),
-    ("model=mamba", "model='mamba' is not allowed; choose one of: rnn, lstm, gru, transformer"),
+    ("model=mamba", "model='mamba' is not allowed; choose one of: rnn, lstm, gru, transformer, "
+                    "lru, s5"),
     ("length=-3", "length='-3' must be a positive int"),
     ("length=ten", "length='ten' must be a positive int"),
 ])
@@ -53,12 +56,17 @@ def test_bad_variant_arguments_are_named(arg, message):
 
 def test_sweep_covers_every_model_and_length_and_validates():
   points = experiment.get_sweep()
-  assert len(points) == 12
+  assert len(points) == 18
   assert {(p["model.kind"], p["data.length"]) for p in points} == {
-      (kind, length) for kind in ("rnn", "lstm", "gru", "transformer")
+      (kind, length) for kind in ("rnn", "lstm", "gru", "transformer", "lru", "s5")
       for length in experiment.SWEEP_LENGTHS}
-  for point in points:
-    sequence_tasks.validate(apply_overrides(experiment.get_config(), point))
+  for point in points:       # each point trains as its model's own variant would
+    config = apply_overrides(experiment.get_config(), point)
+    sequence_tasks.validate(config)
+    own = experiment.get_config(f"model={point['model.kind']},length={point['data.length']}")
+    for key in ("model.num_layers", "train.num_steps", "train.learning_rate"):
+      section, field = key.split(".")
+      assert config[section][field] == own[section][field], key
 
 
 @pytest.mark.parametrize("overrides, message", [
