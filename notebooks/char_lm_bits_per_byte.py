@@ -20,12 +20,13 @@
 #
 # The corpus is the running interpreter's own library: every `.py` file under
 # `sysconfig.get_paths()["stdlib"]`, split 90 / 5 / 5 by a hash of its path. We train a
-# GRU, an LSTM (our `research.recurrent` layers) and a causal transformer decoder on random
-# 128-byte windows, then score every byte of the test split: whole files, the recurrent
-# state carried through each file, the transformer reading a sliding context. Next to them,
+# GRU, an LSTM (our `research.recurrent` layers), a causal transformer decoder and the same
+# decoder with a causal linear recurrence (LRU, S5) in attention's place on random 128-byte
+# windows, then score every byte of the test split: whole files, the recurrent state
+# carried through each file, the block models reading a sliding context. Next to them,
 # `zlib -9` and `xz -9e` compress the same test bytes: a model that beats xz knows more
 # about Python than a dictionary of repeated strings. The runs are
-# `experiments/char_lm.py:model=gru|lstm|transformer` (5–9 minutes each on a 2-core CPU);
+# `experiments/char_lm.py:model=gru|lstm|transformer|lru|s5` (5–9 minutes each on a 2-core CPU);
 # runs already made into `runs/char_lm` are read back instead of retrained. CI runs the
 # quick mode: tiny models on a sample of the test split, so its numbers mean nothing.
 
@@ -65,7 +66,7 @@ SIZE = ({"train.num_steps": 20, "train.warmup_steps": 0, "train.log_every": 10,
          "model.embed_size": 16, "model.num_heads": 2, "sample.num_samples": 2,
          "sample.length": 80}
         if QUICK else {})
-MODELS = ("gru", "lstm", "transformer")
+MODELS = ("gru", "lstm", "transformer", "lru", "s5")
 
 
 def read(run: str, name: str) -> str:

@@ -127,7 +127,7 @@ def check_memory(config) -> None:
   check_host_memory(config, ("train.batch_size", "data.eval_windows", "data.context"),
                     windows * (d.context + 1) * WINDOW_BYTES,
                     f"{windows} windows of {d.context + 1} bytes")
-  if config.model.kind != "transformer":
+  if config.model.kind not in BLOCK_KINDS:
     check_host_memory(config, ("data.test_lanes", "data.test_chunk"),
                       3 * d.test_lanes * d.test_chunk * 256 * 4,
                       "the logits of the test split's chunks")
@@ -319,7 +319,7 @@ def build(config) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
   d, model = config.data, make_model(config)
   corpus = load_corpus(config)
-  if model.kind == "transformer":
+  if model.kind in BLOCK_KINDS:
     check_test_memory(config, sum(map(len, corpus.texts("test", d.test_bytes))))
   manifest = corpus.manifest()
   if jax.process_index() == 0:

@@ -50,7 +50,7 @@ def nll(model, params, tokens: np.ndarray) -> np.ndarray:
 
 # ---- Config -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model", ["lstm", "gru", "transformer"])
+@pytest.mark.parametrize("model", ["lstm", "gru", "transformer", "lru", "s5"])
 def test_every_variant_validates(model):
   config = experiment.get_config(f"model={model}")
   assert config.experiment == "char_lm" and config.model.kind == model
@@ -78,6 +78,19 @@ def test_the_default_is_a_recurrent_model_on_the_whole_test_split():
 def test_bad_values_are_named_before_anything_is_built(overrides, message):
   config = apply_overrides(experiment.get_config(), overrides)
   with pytest.raises(ConfigError, match=message):
+    validate(config, experiments.get("char_lm"))
+
+
+@pytest.mark.parametrize("model", ["gru", "lru"])
+def test_only_carried_state_models_size_the_test_chunks_logits(model):
+  """The recurrent cells read the test split in chunks of test_lanes × test_chunk logits;
+  the block models (transformer, LRU, S5) read windows of the context instead."""
+  config = apply_overrides(experiment.get_config(f"model={model}"),
+                           {"data.test_lanes": 10**6, "data.test_chunk": 10**6})
+  if model == "gru":
+    with pytest.raises(ConfigError, match="the logits of the test split's chunks"):
+      validate(config, experiments.get("char_lm"))
+  else:
     validate(config, experiments.get("char_lm"))
 
 
@@ -239,10 +252,11 @@ def test_a_tiny_run_reports_bits_per_byte_beside_zlib_and_xz_on_the_same_bytes(t
 
 def test_readme_states_each_default_models_parameter_count():
   """README's "GRU 1 × 256 (the default, 0.33M parameters), LSTM … (0.41M), transformer …
-  (0.46M)" counted from each variant's config (shapes only, nothing initialised)."""
+  (0.46M), LRU … (0.40M), S5 … (0.36M)" counted from each variant's config (shapes only,
+  nothing initialised)."""
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     text = " ".join(f.read().split())
-  for kind in ("gru", "lstm", "transformer"):
+  for kind in ("gru", "lstm", "transformer", "lru", "s5"):
     config = experiment.get_config(f"model={kind}")
     model = char_lm.make_model(config)
     shapes = jax.eval_shape(model.init, jax.random.key(0),
