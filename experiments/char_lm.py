@@ -51,7 +51,7 @@ Variant arguments (comma-separated key=value):
 
 import ml_collections
 
-from research.models.recurrent_mixer import recurrence_defaults
+from research.models.recurrent_mixer import LINEAR_RECURRENT, recurrence_defaults
 from research.training.config import base_config, parse_variants
 
 # Per model: its config.model fields, and (steps, peak learning rate), chosen so that each
@@ -64,7 +64,7 @@ MODELS = {
 TRAIN = {"lstm": (3000, 5e-3), "gru": (3000, 5e-3), "transformer": (2000, 2e-3)}
 # LRU and S5 take the transformer's blocks (width, depth, MLP) and its training budget, a
 # causal linear recurrence of 64 complex states in attention's place.
-for kind in ("lru", "s5"):
+for kind in LINEAR_RECURRENT:
   MODELS[kind], TRAIN[kind] = MODELS["transformer"], TRAIN["transformer"]
 VARIANTS = {"model": "gru"}
 

@@ -32,7 +32,8 @@ them). Measured eval/mse (eval/accuracy):
 
 The RNN learns T = 10 but not 50 (its gradient through T tanh steps vanishes); the gated
 cells, attention and the linear recurrences learn every T, the LSTM (with PyTorch's
-initialisation) more slowly than the GRU. Times were measured on a 2-core CPU shared with other jobs.
+initialisation) more slowly than the GRU. Times were measured on a 2-core CPU shared with
+other jobs.
 
 The other tasks at their default T = 10: eval/accuracy[/eval/exact_match], wall time:
 
@@ -61,7 +62,7 @@ Variant arguments (comma-separated key=value):
 
 import ml_collections
 
-from research.models.recurrent_mixer import recurrence_defaults
+from research.models.recurrent_mixer import LINEAR_RECURRENT, recurrence_defaults
 from research.training.config import base_config, parse_variants
 from research.training.validation import ConfigError
 
@@ -91,10 +92,10 @@ TRAIN = {
 # task, and take two blocks at least: a block is linear in its inputs up to the MLP after
 # the recurrence, so a sum of products (the adding problem's) needs one block's MLP to
 # form the products before the next block's recurrence sums them.
-LINEAR_RECURRENT = {"lru": (3000, 3e-3), "s5": (3000, 3e-3)}
+LINEAR_RECURRENT_TRAIN = (3000, 3e-3)
 LINEAR_RECURRENT_MIN_LAYERS = 2
 for recipes in TRAIN.values():
-  recipes.update(LINEAR_RECURRENT)
+  recipes.update(dict.fromkeys(LINEAR_RECURRENT, LINEAR_RECURRENT_TRAIN))
 VARIANTS = {"task": "adding", "model": "lstm", "length": ""}
 SWEEP_LENGTHS = (10, 50, 100)
 
