@@ -5,9 +5,9 @@ table whose columns are some of the columns of the file at results/PATH: a markd
 table (a sweep's summary.md, a benchmark's output), a csv file or a run's
 final_metrics.json (one row, its keys the columns). Every row of the block must be some
 row of the file restricted to the block's columns. A cell matches its figure when the
-two read the same, or when the README's number is the file's within half the README's last
-digit, with the same unit after it; "37.25%" reads the fraction 0.3725. Nothing is trained
-or run: both files are read as committed.
+two read the same, or when the README's number is the file's (5.4e-05 reads 0.000054) within
+half the README's last digit, with the same unit after it; "37.25%" reads the fraction
+0.3725. Nothing is trained or run: both files are read as committed.
 """
 
 import csv
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"<!-- from (results/[\w./=,-]+) -->\n(.*?)<!-- /from -->", re.S)
-NUMBER = re.compile(r"^(-?\d+(?:\.(\d+))?)\s*(.*)$")
+NUMBER = re.compile(r"^(-?\d+(?:\.(\d+))?(?:[eE][-+]?\d+)?)\s*(.*)$")
 
 
 def readme() -> str:
@@ -92,6 +92,7 @@ def test_readme_table_is_a_committed_result(path, block):
     ("37.25%", "0.3725", True), ("37.3%", "0.3725", True), ("37.1%", "0.3725", False),
     ("13.2", "13.160409659957303", True), ("13", "13.16", True), ("13.16", "13.2", False),
     ("2.04×", "2.04×", True), ("2.0×", "2.04×", True), ("2.0", "2.04×", False),
-    ("1.69 GiB", "1.694 GiB", True), ("linear", "linear", True), ("linear", "full", False)])
+    ("1.69 GiB", "1.694 GiB", True), ("linear", "linear", True), ("linear", "full", False),
+    ("0.00005", "5.487e-05", True), ("0.00006", "5.487e-05", False)])
 def test_cells_match_by_rounding_to_the_readme_decimals(shown, figure, expected):
   assert matches(shown, figure) is expected
