@@ -6,8 +6,8 @@ launch.py, the report file, an oversized batch refused in one line, an unknown t
 
 LRA's model is compiled here for the v5e and the H100 only, in bfloat16 and with one of its
 six layers (its lengths, widths and kernels, the same in every layer; the layers are
-unrolled, so each adds to the compile): `python3 project.py bench compile_targets` compiles the whole model for every
-target."""
+unrolled, so each adds to the compile): `python3 project.py bench compile_targets` compiles
+the whole model for every target."""
 
 import json
 import os
