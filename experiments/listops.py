@@ -28,8 +28,7 @@ LRU / S5 blocks 33.8–39.3% in 4–10 minutes each (README's ListOps table, run
 results/listops_cpu/); LRU / S5 with mean pooling, other rates or rings, and 20 000-step
 runs stay at 33–35% test accuracy (results/listops_h200/, one H200). Data files are
 written once to `<data.dir>/listops*/` (data.dir defaults to ./data) and read back on later
-runs;
-`--config.data.files=DIR` reads your own LRA TSV files instead.
+runs; `--config.data.files=DIR` reads your own LRA TSV files instead.
 
 Variant arguments (comma-separated key=value):
   preset     lra | cpu                                                  (default lra)
