@@ -24,11 +24,12 @@ Presets:
 
 Expected (cpu preset, 2-core CPU, data already generated): full attention 35.70% test
 accuracy in 9.0 minutes (3 000 steps at 5.8 steps/s); the sweep, every attention and the
-LRU / S5 blocks 33.8–39.3% in 4–10 minutes each (README's ListOps table, runs committed in
-results/listops_cpu/); LRU / S5 with mean pooling, other rates or rings, and 20 000-step
-runs stay at 33–35% test accuracy (results/listops_h200/, one H200). Data files are
-written once to `<data.dir>/listops*/` (data.dir defaults to ./data) and read back on later
-runs; `--config.data.files=DIR` reads your own LRA TSV files instead.
+LRU / S5 blocks 33.8–39.3% in 4–10 minutes each (docs/results/listops.md, runs committed in
+results/listops_cpu/); in an exploratory sweep (12 runs sharing one H200,
+results/exploratory/listops_h200/) LRU / S5 with mean pooling, other rates or rings, and
+20 000-step runs stayed at 33–35% test accuracy. Data files are written once to
+`<data.dir>/listops*/` (data.dir defaults to ./data) and read back on later runs;
+`--config.data.files=DIR` reads your own LRA TSV files instead.
 
 Variant arguments (comma-separated key=value):
   preset     lra | cpu                                                  (default lra)

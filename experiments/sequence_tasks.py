@@ -52,13 +52,14 @@ alone). On the adding problem they wait on the constant answer's plateau longer 
 gated cells (at T = 100 the LRU leaves it between steps 500 and 1000 of its 3000), the longer
 the more T grows: at T = 1000 a causal 2-block LRU (ring [0.999, 0.99999], phases below
 0.001, batch 32, peak rate 3e-3) had not left it after 7 000 steps at width 32, nor after
-10 000 at width 64 on 2 cores. On one H200, with batch 256 and a 12 000-step schedule, the
-bidirectional blocks with the layers' own initialisation leave it after 4 000-5 000 steps:
-S5 then reaches eval/mse 0.00005 (1.00), the LRU was at 0.0625 and descending at step
-11 644 when the run was stopped; the tanh RNN stays at 0.165 (results/adding_1000/). What
-slows the LRU is its phases: at T = 100, --config.model.recurrence.lru.max_phase=0.314
+10 000 at width 64 on 2 cores. On one H200 shared by 12 runs, with batch 256 and a
+12 000-step schedule, the bidirectional blocks with the layers' own initialisation leave it
+after 4 000-5 000 steps: S5 then reaches eval/mse 0.00005 (1.00), the LRU was at 0.0625 and
+descending at step 11 644 when the run was stopped; the tanh RNN stays at 0.165. What slows
+the LRU is, it seems, its phases: at T = 100, --config.model.recurrence.lru.max_phase=0.314
 (phases in [0, π/10)) takes eval/mse to 0.0011 by step 1 500 and 0.0002 at 3 000, against
-0.065 and 0.0007 with the default [0, 2π) (results/adding_100_phase/).
+0.065 and 0.0007 with the default [0, 2π). All of these are exploratory runs (stopped, or
+sharing a device): results/exploratory/adding_1000/ and adding_100_phase/.
 
 Variant arguments (comma-separated key=value):
   task    copy | reverse | adding | recall                 (default adding)
