@@ -127,7 +127,7 @@ def test_a_tiny_run_trains_in_buckets_and_reports_test_accuracy(tmp_path):
   assert 1 <= final["perf/train_step_traces"] <= len(data.boundaries) == 2
   correct = final["test/accuracy"] * 48
   assert correct == pytest.approx(round(correct), abs=1e-4)
-  assert final["lra/accuracy"] == pytest.approx(0.3563)
+  assert not [key for key in final if key.startswith("lra/")]   # LRA's figures are not measured
   assert final["perf/step_memory_mib"] > 0
   # 40 steps learn at least the label prior: below the uniform guess's ln 10.
   assert final["eval/loss"] < np.log(10)
