@@ -2,9 +2,9 @@
 
     python3 tools/set_repository.py https://github.com/you/your-fork
 
-pyproject.toml's `[project.urls] Repository` is the one source; the README's and the
-notebooks' (.py and .ipynb) Colab badges and clone commands repeat it, and are rewritten
-as text, so the notebooks' committed outputs stay as they are.
+pyproject.toml's `[project.urls] Repository` is the one source; the Colab badges and clone
+commands of the README, the docs/ pages and the notebooks (.py and .ipynb) repeat it, and are
+rewritten as text, so the notebooks' committed outputs stay as they are.
 """
 
 import pathlib
@@ -33,8 +33,8 @@ def main(argv: list[str]) -> int:
   colab = "colab.research.google.com/github/{}/"       # a badge: Colab's address of a notebook
   replace = {old: new, colab.format(old_path): colab.format(new_path)}
   pattern = re.compile(re.escape(old) + r"(?![\w.-])|" + re.escape(colab.format(old_path)))
-  files = [ROOT / "pyproject.toml", ROOT / "README.md", *sorted((ROOT / "notebooks").glob("*.py")),
-           *sorted((ROOT / "notebooks").glob("*.ipynb"))]
+  files = [ROOT / "pyproject.toml", ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+           *sorted((ROOT / "notebooks").glob("*.py")), *sorted((ROOT / "notebooks").glob("*.ipynb"))]
   for path in files:
     text = path.read_text(encoding="utf-8")
     path.write_text(pattern.sub(lambda m: replace[m.group(0)], text), encoding="utf-8")

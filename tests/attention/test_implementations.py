@@ -268,13 +268,13 @@ def test_multi_head_attention_sows_by_the_returns_weights_capability(registry):
     dropout.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.key(1)})
 
 
-def test_the_docstring_and_readme_tables_are_the_registry():
-  """implementations.py's docstring and the README show the table the registry renders (no
-  stale copy)."""
+def test_the_docstring_and_docs_tables_are_the_registry():
+  """implementations.py's docstring and docs/attention.md show the table the registry renders
+  (no stale copy)."""
   table = attention_registry.capability_table().splitlines()
   lines = [line[2:].rstrip() for line in implementations.__doc__.splitlines()]
   start = lines.index(table[0])
   assert lines[start:start + len(table)] == table
-  readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-  shown = readme.split("<!-- capability-table -->\n```\n")[1].split("```\n<!-- /capability-table -->")[0]
+  page = (pathlib.Path(__file__).parents[2] / "docs" / "attention.md").read_text()
+  shown = page.split("<!-- capability-table -->\n```\n")[1].split("```\n<!-- /capability-table -->")[0]
   assert shown.splitlines() == table

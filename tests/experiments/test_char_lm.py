@@ -250,11 +250,11 @@ def test_a_tiny_run_reports_bits_per_byte_beside_zlib_and_xz_on_the_same_bytes(t
   assert samples.count("# ---- sample") == 2 and "def " in samples
 
 
-def test_readme_states_each_default_models_parameter_count():
-  """README's "GRU 1 × 256 (the default, 0.33M parameters), LSTM … (0.41M), transformer …
-  (0.46M), LRU … (0.40M), S5 … (0.36M)" counted from each variant's config (shapes only,
-  nothing initialised)."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+def test_the_docs_state_each_default_models_parameter_count():
+  """docs/results/char_lm.md's "GRU 1 × 256 (the default, 0.33M parameters), LSTM … (0.41M),
+  transformer … (0.46M), LRU … (0.40M), S5 … (0.36M)" counted from each variant's config
+  (shapes only, nothing initialised)."""
+  with open(os.path.join(ROOT, "docs", "results", "char_lm.md"), encoding="utf-8") as f:
     text = " ".join(f.read().split())
   for kind in ("gru", "lstm", "transformer", "lru", "s5"):
     config = experiment.get_config(f"model={kind}")
@@ -264,5 +264,5 @@ def test_readme_states_each_default_models_parameter_count():
     count = sum(x.size for x in jax.tree.leaves(shapes))
     stated = re.search(rf"{kind} [^()]*\((?:the default, )?([\d.]+)M(?: parameters)?\)", text,
                        re.IGNORECASE)
-    assert stated, f"README.md states no parameter count for char_lm's {kind}"
+    assert stated, f"docs/results/char_lm.md states no parameter count for char_lm's {kind}"
     assert f"{count / 1e6:.2f}" == stated.group(1), (kind, count, stated.group(1))

@@ -1,5 +1,5 @@
 """The repository's address is pyproject.toml's `[project.urls] Repository`, and every Colab
-badge and clone command in the README and the notebooks repeats exactly it;
+badge and clone command in the README, the docs/ pages and the notebooks repeats exactly it;
 tools/set_repository.py moves all of them to a fork's address at once."""
 
 import glob
@@ -24,10 +24,15 @@ def repository(root: str) -> str:
     return tomllib.load(f)["project"]["urls"]["Repository"]
 
 
+def notebooks(root: str) -> list[str]:
+  return [*sorted(glob.glob(os.path.join(root, "notebooks", "*.py"))),
+          *sorted(glob.glob(os.path.join(root, "notebooks", "*.ipynb")))]
+
+
 def documents(root: str) -> list[str]:
   return [os.path.join(root, "README.md"),
-          *sorted(glob.glob(os.path.join(root, "notebooks", "*.py"))),
-          *sorted(glob.glob(os.path.join(root, "notebooks", "*.ipynb")))]
+          *sorted(glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True)),
+          *notebooks(root)]
 
 
 def read(path: str) -> str:
@@ -57,10 +62,12 @@ def check(root: str) -> None:
   found = addresses(root)
   wrong = {path: [u for u in urls if u != expected] for path, urls in found.items()}
   assert not any(wrong.values()), f"not pyproject.toml's {expected}: {wrong}"
-  # Every notebook (both forms) has its badge and install cell; the README its clone command.
-  for path, urls in found.items():
-    assert urls, f"{path} names no repository address"
-  for path in documents(root)[1:]:
+  # Every notebook (both forms) has its badge and install cell; the README its badges, the
+  # accelerators page its clone command.
+  for path in ["README.md", os.path.join("docs", "accelerators.md"),
+               *(os.path.relpath(p, root) for p in notebooks(root))]:
+    assert found[path], f"{path} names no repository address"
+  for path in notebooks(root):
     text = read(path)
     badges = [m.group(2) for m in BADGE.finditer(text)]
     assert badges == [f"notebooks/{os.path.splitext(os.path.basename(path))[0]}.ipynb"], badges
@@ -72,7 +79,7 @@ def test_badges_and_clone_urls_are_pyprojects():
 
 
 def test_set_repository_moves_every_address_and_keeps_the_rest(tmp_path):
-  for name in ("pyproject.toml", "README.md", "tools", "notebooks"):
+  for name in ("pyproject.toml", "README.md", "docs", "tools", "notebooks"):
     source = os.path.join(ROOT, name)
     (shutil.copytree if os.path.isdir(source) else shutil.copy)(source, tmp_path / name)
   fork = "https://github.com/someone/a-fork"

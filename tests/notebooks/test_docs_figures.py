@@ -1,10 +1,12 @@
-"""The README's result tables are the notebooks' committed outputs, figure for figure.
+"""The docs' result tables are the notebooks' committed outputs, figure for figure.
 
-Each block of the README between `<!-- from notebooks/NAME.ipynb -->` and `<!-- /from -->`
-must appear, line for line, in one output of NAME.ipynb as committed (a markdown table or
-printed text). Nothing is trained: both files are read as they are in the repository.
+Each block of README.md or of a docs/ page between `<!-- from notebooks/NAME.ipynb -->` and
+`<!-- /from -->` must appear, line for line, in one output of NAME.ipynb as committed (a
+markdown table or printed text). Nothing is trained: both files are read as they are in the
+repository.
 """
 
+import glob
 import json
 import os
 import re
@@ -16,8 +18,14 @@ NOTEBOOKS = os.path.join(ROOT, "notebooks")
 BLOCK = re.compile(r"<!-- from notebooks/([\w.-]+\.ipynb) -->\n(.*?)<!-- /from -->", re.S)
 
 
-def readme() -> str:
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+def pages() -> list[str]:
+  """README.md and every docs/ page, as paths relative to the repository."""
+  docs = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+  return ["README.md", *sorted(os.path.relpath(p, ROOT) for p in docs)]
+
+
+def read(page: str) -> str:
+  with open(os.path.join(ROOT, page), encoding="utf-8") as f:
     return f.read()
 
 
@@ -43,23 +51,24 @@ def contains(output: list[str], block: list[str]) -> bool:
   return any(output[i:i + len(block)] == block for i in range(len(output) - len(block) + 1))
 
 
-BLOCKS = BLOCK.findall(readme())
+BLOCKS = [(page, name, block) for page in pages() for name, block in BLOCK.findall(read(page))]
 
 
-def test_every_notebook_with_a_results_table_is_quoted_in_the_readme():
-  quoted = {name for name, _ in BLOCKS}
+def test_every_notebook_with_a_results_table_is_quoted_in_the_docs():
+  quoted = {name for _, name, _ in BLOCKS}
   with_tables = {name for name in os.listdir(NOTEBOOKS) if name.endswith(".ipynb")
                  and any("|---" in text for text in committed_outputs(name))}
-  assert with_tables and with_tables <= quoted, f"not quoted in README.md: {with_tables - quoted}"
+  assert with_tables and with_tables <= quoted, f"quoted in no page: {with_tables - quoted}"
 
 
-@pytest.mark.parametrize("name,block", BLOCKS, ids=[f"{n}:{i}" for i, (n, _) in enumerate(BLOCKS)])
-def test_readme_block_is_a_committed_output_of_its_notebook(name, block):
+@pytest.mark.parametrize("page,name,block", BLOCKS,
+                         ids=[f"{page}:{name}:{i}" for i, (page, name, _) in enumerate(BLOCKS)])
+def test_quoted_block_is_a_committed_output_of_its_notebook(page, name, block):
   block = lines(block)
-  assert block, f"an empty README block quoting {name}"
+  assert block, f"an empty block of {page} quoting {name}"
   outputs = [lines(text) for text in committed_outputs(name)]
   if not any(contains(output, block) for output in outputs):
     nearest = max(outputs, key=lambda o: len(set(o) & set(block)), default=[])
     differing = [line for line in block if line not in nearest]
-    pytest.fail(f"README.md quotes {name}, but these lines are in none of its committed "
+    pytest.fail(f"{page} quotes {name}, but these lines are in none of its committed "
                 f"outputs:\n" + "\n".join(differing))
