@@ -45,6 +45,12 @@ twice the GRU's, and it reads the test split in overlapping windows (stride 64).
 config.data.test_bytes > 0 scores only the test split's first bytes (a random sample of
 files; the compressors then see exactly those bytes).
 
+The transformer's causal self-attention is config.model.attention, "full" by default or
+any of research.models.CAUSAL_ATTENTIONS (the self-attentions of listops but linformer and
+memory_compressed, which mix later bytes in), with listops' keys (window, block_size,
+num_features, num_hashes), e.g. --config.model.attention=local for a window of
+config.model.window bytes before each byte.
+
 Variant arguments (comma-separated key=value):
   model   lstm | gru | transformer | lru | s5      (default gru)
 """
@@ -59,7 +65,7 @@ from research.training.config import base_config, parse_variants
 MODELS = {
     "lstm": dict(hidden_size=256, num_layers=1, embed_size=64),
     "gru": dict(hidden_size=256, num_layers=1, embed_size=64),
-    "transformer": dict(hidden_size=128, num_layers=2, num_heads=4),
+    "transformer": dict(hidden_size=128, num_layers=2, num_heads=4, mlp_size=512),
 }
 TRAIN = {"lstm": (3000, 5e-3), "gru": (3000, 5e-3), "transformer": (2000, 2e-3)}
 # LRU and S5 take the transformer's blocks (width, depth, MLP) and its training budget, a
@@ -90,18 +96,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data.test_chunk = 1024           # recurrent: bytes per call, the state carried over
   config.data.test_stride = 0             # transformer: bytes scored per window (0: context/2)
 
-  config.model = ml_collections.ConfigDict()
+  config.model = ml_collections.ConfigDict()   # LanguageModel's fields (the stack's keys:
+                                               # research/experiments/stack_config.py)
   config.model.kind = variant["model"]    # rnn | lstm | gru | transformer | lru | s5
-  config.model.hidden_size = 256          # recurrent state / transformer features
-  config.model.num_layers = 1             # recurrent layers / transformer blocks
+  config.model.hidden_size = 256          # recurrent state / blocks' features
+  config.model.num_layers = 1             # recurrent layers / blocks
   config.model.embed_size = 64            # recurrent: byte embedding size
-  config.model.num_heads = 4              # transformer: attention heads
-  config.model.mlp_ratio = 4              # transformer: MLP width / hidden_size
-  config.model.window = 0                 # transformer: 0 full causal, w > 0 sliding window
+  config.model.num_heads = 4              # attention heads
+  config.model.mlp_size = 1024            # the MLP's hidden width
+  config.model.attention = "full"         # causal self-attention: one of
+                                          # research.models.CAUSAL_ATTENTIONS
+  config.model.window = 64                # local / longformer half-width (bytes before)
+  config.model.block_size = 32            # sparse / bigbird / sinkhorn block, reformer's chunk
+  config.model.num_features = 64          # performer's random features per head
+  config.model.num_hashes = 2             # reformer's hash rounds
   config.model.state_size = 64            # --config.model.kind=lru | s5: complex states per block
   config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
-  config.model.dropout = 0.0              # between recurrent layers / on transformer branches
+  config.model.dropout_rate = 0.0         # between recurrent layers; the blocks' embeddings,
+                                          # branches and MLP hidden units
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
   config.model.update(MODELS[variant["model"]])
 

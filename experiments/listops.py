@@ -41,9 +41,9 @@ Variant arguments (comma-separated key=value):
 
 import ml_collections
 
-from research.models.encoder_classifier import CLASSIFIER_KINDS
+from research.models.kinds import BLOCK_KINDS
 from research.models.recurrent_mixer import recurrence_defaults
-from research.models.self_attention import ATTENTIONS
+from research.models.self_attention import SELF_ATTENTIONS
 from research.training.config import base_config, parse_variants
 
 PRESETS = {
@@ -66,8 +66,8 @@ VARIANTS = {"preset": "lra", "attention": "full", "kind": "transformer"}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variant = parse_variants(arg, VARIANTS, {"preset": tuple(PRESETS), "attention": ATTENTIONS,
-                                           "kind": CLASSIFIER_KINDS})
+  variant = parse_variants(arg, VARIANTS, {"preset": tuple(PRESETS),
+                                           "attention": SELF_ATTENTIONS, "kind": BLOCK_KINDS})
   preset = PRESETS[variant["preset"]]
   config = base_config()
   config.experiment = "listops"
@@ -86,13 +86,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data.length_buckets = 4         # batches bucketed by length (1: pad all to max)
   config.data.update(preset["data"])
 
-  config.model = ml_collections.ConfigDict()   # research.models.EncoderClassifier's fields
+  config.model = ml_collections.ConfigDict()   # EncoderClassifier's fields (the stack's keys:
+                                               # research/experiments/stack_config.py)
   config.model.kind = variant["kind"]    # transformer | lru | s5 (a linear recurrence per block)
-  config.model.attention = variant["attention"]
+  config.model.attention = variant["attention"]   # one of SELF_ATTENTIONS
   config.model.num_layers = 0
   config.model.hidden_size = 0
   config.model.num_heads = 0
-  config.model.mlp_size = 0
+  config.model.mlp_size = 0              # the MLP's hidden width
   config.model.window = 0                # local / longformer half-width
   config.model.proj_len = 0              # linformer's projected length k
   config.model.compression = 4           # memory_compressed's stride c
@@ -104,7 +105,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.positions = "learned"     # learned | sinusoidal
   config.model.norm = "post"             # post (LRA) | pre
   config.model.pooling = "cls"           # cls | mean
-  config.model.dropout_rate = 0.0
+  config.model.dropout_rate = 0.0        # embeddings, both branches, the MLP's hidden units
   config.model.implementation = "auto"   # auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dtype = "float32"         # dtype of the matrix products: float32 | bfloat16
   config.model.update(preset["model"])
@@ -113,5 +114,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def get_sweep() -> list[dict]:
   """Every attention, then the linear recurrences in its place, on the config's preset."""
-  return [*({"model.attention": attention} for attention in ATTENTIONS),
-          *({"model.kind": kind} for kind in CLASSIFIER_KINDS if kind != "transformer")]
+  return [*({"model.attention": attention} for attention in SELF_ATTENTIONS),
+          *({"model.kind": kind} for kind in BLOCK_KINDS if kind != "transformer")]

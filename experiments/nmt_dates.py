@@ -52,7 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.model = ml_collections.ConfigDict()   # research.models.Seq2Seq's fields
   config.model.cell = variant["cell"]
-  config.model.attention = variant["attention"]
+  config.model.attention = variant["attention"]   # one of research.models.DECODER_ATTENTIONS
   config.model.style = variant["style"]
   config.model.input_feeding = variant["input_feeding"] == "true"
   config.model.embed_size = 64
@@ -62,7 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.score = "general"          # inside local_m / local_p / hard
   config.model.local_window = 5           # D of local_m / local_p
   config.model.hard_training = "gumbel"   # or "reinforce"
-  config.model.dropout = 0.0
+  config.model.dropout_rate = 0.0         # on the embeddings, between layers, before the output
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
 
   config.decode = ml_collections.ConfigDict()

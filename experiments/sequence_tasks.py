@@ -9,6 +9,9 @@ answering 1 scores MSE ≈ 0.167) and recall (K key-value pairs, T blanks, a que
   python launch.py --config experiments/sequence_tasks.py:model=transformer \
       --config.model.attention=local --config.model.window=8
 
+(`model.attention` takes any of the 12 self-attentions of listops, with the same keys:
+window, proj_len, compression, block_size, num_features, num_hashes.)
+
 Expected: eval/mse ≈ 0.002 (the constant 1 scores 0.167), eval/accuracy ≈ 0.67, in about
 40 s on a 2-core CPU (2000 steps of batch 64). A vanilla RNN (model=rnn) stays at 0.16.
 
@@ -141,16 +144,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data.num_items = task["num_items"]  # K: symbols to copy, key-value pairs to recall
   config.data.eval_examples = 1000        # fixed evaluation examples
 
-  config.model = ml_collections.ConfigDict()
+  config.model = ml_collections.ConfigDict()   # SequenceModel's fields (the stack's keys:
+                                               # research/experiments/stack_config.py)
   config.model.kind = variant["model"]    # rnn | lstm | gru | transformer | lru | s5
-  config.model.hidden_size = 64           # recurrent state / transformer features
+  config.model.hidden_size = 64           # recurrent state / blocks' features
   config.model.num_layers = layers(variant["task"], variant["model"])  # recurrent layers / blocks
-  config.model.num_heads = 4              # transformer attention heads
-  config.model.attention = "full"         # transformer attention pattern: full | local (window)
-  config.model.window = 0                 # half-width of local attention (0 with full)
+  config.model.num_heads = 4              # attention heads
+  config.model.mlp_size = 256             # the MLP's hidden width
+  config.model.attention = "full"         # one of research.models.SELF_ATTENTIONS (causal:
+                                          # CAUSAL_ATTENTIONS)
+  config.model.window = 8                 # local / longformer half-width
+  config.model.proj_len = 32              # linformer's projected length k
+  config.model.compression = 4            # memory_compressed's stride c
+  config.model.block_size = 16            # sparse / bigbird / sinkhorn block, reformer's chunk
+  config.model.num_features = 64          # performer's random features per head
+  config.model.num_hashes = 2             # reformer's hash rounds
   config.model.state_size = 64            # --config.model.kind=lru | s5: complex states per block
   config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
   config.model.causal = False             # blocks: position i reads positions <= i only
+  config.model.dropout_rate = 0.0         # between recurrent layers; the blocks' embeddings,
+                                          # branches and MLP hidden units
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
   return config

@@ -63,8 +63,8 @@ SIZE = ({"train.num_steps": 20, "train.warmup_steps": 0, "train.log_every": 10,
          "train.eval_every": 10, "train.checkpoint_every": 20, "train.batch_size": 8,
          "data.context": 32, "data.eval_windows": 16, "data.test_bytes": 20_000,
          "data.test_lanes": 4, "data.test_chunk": 256, "model.hidden_size": 32,
-         "model.embed_size": 16, "model.num_heads": 2, "sample.num_samples": 2,
-         "sample.length": 80}
+         "model.embed_size": 16, "model.num_heads": 2, "model.mlp_size": 128,
+         "sample.num_samples": 2, "sample.length": 80}
         if QUICK else {})
 MODELS = ("gru", "lstm", "transformer", "lru", "s5")
 

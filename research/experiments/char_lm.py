@@ -12,7 +12,9 @@ Periodic evaluation: config.data.eval_windows validation windows drawn once from
 SeedSequence(config.seed, spawn_key=(1,)), scored the same way: eval/loss (nats per byte)
 and eval/bits_per_byte.
 
-Model: `LanguageModel(**config.model)` (research/models/language_model.py).
+Model: `LanguageModel(**config.model, max_length=config.data.context)`
+(research/models/language_model.py); its blocks' keys are the stack's
+(research/experiments/stack_config.py), the self-attention causal.
 
 Report, on the test split (its first config.data.test_bytes bytes with test_bytes > 0,
 else all of it; files ordered by hash, so a cut keeps a random sample of whole files):
@@ -53,47 +55,38 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from research.attention import implementation_names
 from research.data import python_corpus
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError, InputError
 from research.experiments.registry import register
+from research.experiments.stack_config import check_stack_keys, parameter_count, parameter_keys
 from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel, sample
-from research.models.recurrent_mixer import check_recurrence
 from research.training.experiment import Report, Workload
 from research.training.validation import (
-  COMPUTE_DTYPES,
   check_choice,
-  check_divides,
   check_host_memory,
   check_int,
   check_parameter_memory,
   check_positive,
-  check_rate,
-  check_with,
 )
 
 MANIFEST = "corpus_manifest.json"
 SAMPLES = "samples.txt"
-POSITIVE_INTS = ("model.hidden_size", "model.num_layers", "model.embed_size", "model.num_heads",
-                 "model.mlp_ratio", "model.state_size", "data.context", "data.eval_windows",
-                 "data.test_lanes", "data.test_chunk", "sample.num_samples", "sample.length")
-NON_NEGATIVE_INTS = ("model.window", "data.test_bytes", "data.test_stride", "sample.top_k")
+POSITIVE_INTS = ("model.embed_size", "data.context", "data.eval_windows", "data.test_lanes",
+                 "data.test_chunk", "sample.num_samples", "sample.length")
+NON_NEGATIVE_INTS = ("data.test_bytes", "data.test_stride", "sample.top_k")
 
 
 def validate(config) -> None:
   """Raises ConfigError for a bad config.data / model / sample value, naming the key."""
-  m, d = config.model, config.data
+  d = config.data
   check_choice(config, "model.kind", KINDS)
-  check_choice(config, "model.implementation", implementation_names())
-  check_choice(config, "model.dtype", COMPUTE_DTYPES)
+  check_stack_keys(config, causal=True)
   check_choice(config, "data.include_tests", (True, False))
   check_positive(config, *POSITIVE_INTS)
   check_positive(config, *NON_NEGATIVE_INTS, "sample.temperature", allow_zero=True)
   check_int(config, *POSITIVE_INTS, *NON_NEGATIVE_INTS)
-  check_with(config, "model.recurrence", lambda options: check_recurrence(options, m.state_size))
-  check_rate(config, "model.dropout")
   if config.sample.top_k > 256:
     raise ConfigError(f"config.sample.top_k={config.sample.top_k} must be in 0 … 256 "
                       "(0: every byte)")
@@ -103,8 +96,6 @@ def validate(config) -> None:
   if d.stdlib and not os.path.isdir(d.stdlib):
     raise ConfigError(f"config.data.stdlib={d.stdlib!r} is not a directory; give a Python "
                       "library directory (a Lib), or '' for the running interpreter's")
-  if m.kind == "transformer":
-    check_divides(config, "model.num_heads", "model.hidden_size")
   check_memory(config)
 
 
@@ -117,12 +108,13 @@ def check_memory(config) -> None:
   """The training batch and validation windows, the recurrent report's chunks (logits of
   test_lanes × test_chunk bytes) and the samples must fit the host's memory."""
   d, s, m = config.data, config.sample, config.model
-  # a transformer block: attention 4 h², MLP 2·mlp_ratio·h²; a GRU / LSTM layer ≤ 4 h (h + e).
-  per_layer = max((4 + 2 * m.mlp_ratio) * m.hidden_size**2,
-                  4 * m.hidden_size * (m.hidden_size + m.embed_size))
-  check_parameter_memory(config, ("model.num_layers", "model.hidden_size", "model.embed_size",
-                                  "model.mlp_ratio"),
-                         m.num_layers * per_layer + 256 * (m.embed_size + 2 * m.hidden_size))
+  # the blocks (stack_config.parameter_count), or a GRU / LSTM layer's ≤ 4 h (h + e)
+  if m.kind in BLOCK_KINDS:
+    keys, count = parameter_keys(config, "data.context"), parameter_count(config, d.context)
+  else:
+    keys = ("model.num_layers", "model.hidden_size", "model.embed_size")
+    count = m.num_layers * 4 * m.hidden_size * (m.hidden_size + m.embed_size)
+  check_parameter_memory(config, keys, count + 256 * (m.embed_size + 2 * m.hidden_size))
   windows = config.train.batch_size + d.eval_windows
   check_host_memory(config, ("train.batch_size", "data.eval_windows", "data.context"),
                     windows * (d.context + 1) * WINDOW_BYTES,
@@ -167,7 +159,7 @@ def load_corpus(config) -> python_corpus.Corpus:
 
 
 def make_model(config) -> LanguageModel:
-  return LanguageModel(**config.model)
+  return LanguageModel(**config.model, max_length=config.data.context)
 
 
 def window_losses(model: LanguageModel, params, tokens: jax.Array, rng: jax.Array | None = None
@@ -355,4 +347,4 @@ def build(config) -> Workload:
               files={MANIFEST: json.dumps(manifest, indent=2) + "\n"})
 
 
-TASK = register("char_lm", validate=validate, build=build)
+register("char_lm", validate=validate, build=build)

@@ -279,4 +279,4 @@ def draw_fit(arrays, curves: dict[str, np.ndarray]) -> str:
   return buffer.getvalue()
 
 
-TASK = register("kernel_regression", validate=validate, build=build)
+register("kernel_regression", validate=validate, build=build)

@@ -27,30 +27,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from research.attention import implementation_names
 from research.data import listops
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError, InputError
 from research.experiments.registry import register
-from research.models.encoder_classifier import (
-  CLASSIFIER_KINDS,
-  POOLINGS,
-  POSITIONS,
-  EncoderClassifier,
-)
-from research.models.recurrent_mixer import check_recurrence
-from research.models.self_attention import ATTENTIONS
+from research.experiments.stack_config import check_stack_keys, parameter_count, parameter_keys
+from research.models.block_stack import POSITIONS
+from research.models.encoder_classifier import POOLINGS, EncoderClassifier
+from research.models.kinds import BLOCK_KINDS
 from research.models.transformer_block import NORMS
 from research.training.experiment import Report, Workload
 from research.training.validation import (
-  COMPUTE_DTYPES,
   check_choice,
-  check_divides,
   check_host_memory,
   check_parameter_memory,
   check_positive,
-  check_rate,
-  check_with,
 )
 
 SPLITS = ("train", "val", "test")
@@ -67,21 +58,13 @@ LRA_TABLE_1 = {"full": 36.37, "local": 15.82, "sparse": 17.07, "longformer": 35.
 def validate(config) -> None:
   """Raises ConfigError for a bad config.data / config.model value, naming the key."""
   d = config.data
-  for key, allowed in (("kind", CLASSIFIER_KINDS), ("attention", ATTENTIONS), ("positions", POSITIONS), ("norm", NORMS),
-                       ("pooling", POOLINGS), ("implementation", implementation_names()),
-                       ("dtype", COMPUTE_DTYPES)):
+  for key, allowed in (("kind", BLOCK_KINDS), ("positions", POSITIONS), ("norm", NORMS),
+                       ("pooling", POOLINGS)):
     check_choice(config, f"model.{key}", allowed)
-  check_positive(config, "model.num_layers", "model.hidden_size", "model.num_heads",
-                 "model.mlp_size", "model.window", "model.proj_len", "model.compression",
-                 "model.block_size", "model.num_features", "model.num_hashes",
-                 "model.state_size",
-                 "data.max_length", "data.length_buckets", "data.train_examples",
+  check_stack_keys(config, causal=False)
+  check_positive(config, "data.max_length", "data.length_buckets", "data.train_examples",
                  "data.eval_examples", "data.test_examples")
   check_positive(config, "data.min_tree_length", allow_zero=True)
-  check_rate(config, "model.dropout_rate")
-  check_with(config, "model.recurrence",
-             lambda options: check_recurrence(options, config.model.state_size))
-  check_divides(config, "model.num_heads", "model.hidden_size")
   if d.length_buckets > d.max_length:
     raise ConfigError(f"config.data.length_buckets={d.length_buckets} must be at most "
                       f"config.data.max_length={d.max_length} (a bucket per length at most)")
@@ -104,25 +87,8 @@ def validate(config) -> None:
                        "to generate")
     if generates_data(config):
       _check_writable(d.dir)
-  check_parameter_memory(config, parameter_keys(config), parameter_count(config))
-
-
-def parameter_keys(config) -> tuple[str, ...]:
-  """The keys that size config.model's parameters."""
-  extra = {"linformer": ("model.proj_len",),
-           "memory_compressed": ("model.compression",)}.get(config.model.attention, ())
-  return ("model.num_layers", "model.hidden_size", "model.mlp_size", *extra, "data.max_length")
-
-
-def parameter_count(config) -> int:
-  """About how many parameters config.model has: per layer attention 4 F² and the MLP
-  2 F·mlp_size, with linformer's projections 2 max_length·proj_len or memory_compressed's
-  convolutions 2 compression·F²; learned positions max_length·F."""
-  m, max_length = config.model, config.data.max_length
-  attention = {"linformer": 2 * max_length * m.proj_len,
-               "memory_compressed": 2 * m.compression * m.hidden_size**2}.get(m.attention, 0)
-  per_layer = 4 * m.hidden_size**2 + 2 * m.hidden_size * m.mlp_size + attention
-  return m.num_layers * per_layer + (max_length + 1) * m.hidden_size
+  check_parameter_memory(config, parameter_keys(config, "data.max_length"),
+                         parameter_count(config, d.max_length))
 
 
 def check_token_memory(config, examples: int, keys: tuple[str, ...], where: str) -> None:
@@ -323,6 +289,6 @@ def build(config, data: Data | None = None) -> Workload:
               loss=loss, evaluate=evaluate, report=report)
 
 
-TASK = register("listops", validate=validate, build=build,
-                build_shapes=lambda config: build(config, placeholder_data(config)),
-                generates_data=generates_data)
+register("listops", validate=validate, build=build,
+         build_shapes=lambda config: build(config, placeholder_data(config)),
+         generates_data=generates_data)

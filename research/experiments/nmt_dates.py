@@ -42,7 +42,7 @@ from research.data.text import (
 from research.errors import ConfigError, InputError
 from research.experiments.registry import register
 from research.models.decoding import beam_search, greedy_decode
-from research.models.seq2seq import ATTENTIONS, CELLS, HARD_TRAINING, STYLES, Seq2Seq
+from research.models.seq2seq import CELLS, DECODER_ATTENTIONS, HARD_TRAINING, STYLES, Seq2Seq
 from research.training.experiment import Heatmap, Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,
@@ -65,7 +65,7 @@ HEATMAP_LOCALES = ("ru", "el", "ar", "fr", "de", "uk")   # scripts DejaVu Sans c
 def validate(config) -> None:
   m, d = config.model, config.data
   check_choice(config, "model.cell", CELLS)
-  check_choice(config, "model.attention", ATTENTIONS)
+  check_choice(config, "model.attention", DECODER_ATTENTIONS)
   check_choice(config, "model.style", STYLES)
   check_choice(config, "model.score", SCORE_FUNCTIONS)
   check_choice(config, "model.hard_training", HARD_TRAINING)
@@ -80,7 +80,7 @@ def validate(config) -> None:
   check_positive(config, "report.num_predictions", "report.num_heatmaps", allow_zero=True)
   check_range(config, "decode.length_penalty", 0, 10, "GNMT's α is 0.6–1; a larger one "
               "overflows the penalty of long hypotheses")
-  check_rate(config, "model.dropout")
+  check_rate(config, "model.dropout_rate")
   if m.bidirectional and m.hidden_size % 2:
     raise ConfigError(f"config.model.hidden_size={m.hidden_size} must be even with "
                       "config.model.bidirectional=True (hidden_size / 2 per direction)")
@@ -319,4 +319,4 @@ def _heatmap_examples(groups: list[str], count: int) -> list[int]:
   return (chosen or list(range(len(groups))))[:count]
 
 
-TASK = register("nmt_dates", validate=validate, build=build)
+register("nmt_dates", validate=validate, build=build)

@@ -10,9 +10,11 @@ config.data.task picks the task (research/data/sequence_tasks.py), config.model 
                   accuracy = fraction with |error| < 0.04 (Hochreiter & Schmidhuber 1997)
 
 Keys: config.data.{task, length (T), num_symbols (n), num_items (K), eval_examples};
-config.model holds the fields of `SequenceModel` that the task does not set (kind,
-hidden_size, num_layers, num_heads, attention "full" | "local", implementation, window,
-dtype), and the model is built as SequenceModel(**config.model, <head for the task>).
+config.model holds the fields of `SequenceModel` that the task does not set: kind, causal
+and the stack's keys (hidden_size, num_layers, num_heads, mlp_size, attention, window, …,
+dropout_rate: research/experiments/stack_config.py), and the model is built as
+SequenceModel(**config.model, <head and vocabulary for the task>, max_length=<the inputs'
+length>).
 Training batch i is generated from np.random.default_rng([config.seed, i]); the
 config.data.eval_examples evaluation examples from SeedSequence(config.seed, spawn_key=(1,)),
 a stream no training batch uses.
@@ -25,14 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from research.attention import implementation_names
 from research.data import sequence_tasks as data
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError
 from research.experiments.registry import register
-from research.models.kinds import KINDS
-from research.models.recurrent_mixer import check_recurrence
-from research.models.sequence_model import ATTENTIONS, SequenceModel
+from research.experiments.stack_config import check_stack_keys, parameter_count, parameter_keys
+from research.models.kinds import KINDS, RECURRENT
+from research.models.sequence_model import SequenceModel
 from research.training import validation
 from research.training.experiment import Workload
 
@@ -41,22 +42,17 @@ ADDING_TOLERANCE = 0.04
 # Host bytes per generated step (an adding step's float32 value and marker, and the
 # generators' float64 / int64 temporaries: recall draws num_symbols keys per example).
 EXAMPLE_BYTES = 16
-SIZES = ("data.length", "data.num_symbols", "data.num_items", "data.eval_examples",
-         "model.hidden_size", "model.num_layers", "model.num_heads", "model.state_size")
+SIZES = ("data.length", "data.num_symbols", "data.num_items", "data.eval_examples")
+LENGTH_KEYS = ("data.length", "data.num_items")     # the inputs' length (`sequence_length`)
 
 
 def validate(config) -> None:
   """Raises ConfigError for a bad config.data / config.model value, naming the key."""
   validation.check_choice(config, "data.task", TASKS)
   validation.check_choice(config, "model.kind", KINDS)
-  validation.check_choice(config, "model.attention", ATTENTIONS)
-  validation.check_choice(config, "model.implementation", implementation_names())
-  validation.check_choice(config, "model.dtype", validation.COMPUTE_DTYPES)
   validation.check_choice(config, "model.causal", (True, False))
+  check_stack_keys(config, causal=config.model.causal)
   validation.check_positive(config, *SIZES)
-  validation.check_with(config, "model.recurrence",
-                        lambda options: check_recurrence(options, config.model.state_size))
-  validation.check_positive(config, "model.window", allow_zero=True)
   if config.data.task == "adding" and config.data.length < 2:
     raise ConfigError(f"config.data.length={config.data.length} must be >= 2 for the adding "
                       "problem (one marker in each half)")
@@ -64,17 +60,14 @@ def validate(config) -> None:
     raise ConfigError(f"config.data.num_items={config.data.num_items} must be <= "
                       f"config.data.num_symbols={config.data.num_symbols} (recall's keys are "
                       "distinct)")
-  if config.model.kind == "transformer":
-    validation.check_divides(config, "model.num_heads", "model.hidden_size")
-    if (config.model.attention == "local") != (config.model.window > 0):
-      raise ConfigError(f"config.model.window={config.model.window} with "
-                        f"config.model.attention={config.model.attention!r}: 'local' needs a "
-                        "window > 0 (its half-width), 'full' needs window 0")
   m, d = config.model, config.data
-  # LSTM: 8 h² a layer; a transformer block: 12 h² (attention 4 h², MLP 8 h²).
-  validation.check_parameter_memory(
-      config, ("model.num_layers", "model.hidden_size", "data.num_symbols"),
-      m.num_layers * 12 * m.hidden_size**2 + (2 * d.num_symbols + 2) * m.hidden_size)
+  if m.kind in RECURRENT:        # an LSTM layer: 8 h² at most
+    keys, count = ("model.num_layers", "model.hidden_size"), m.num_layers * 8 * m.hidden_size**2
+  else:
+    keys = parameter_keys(config, *LENGTH_KEYS)
+    count = parameter_count(config, sequence_length(config))
+  validation.check_parameter_memory(config, (*keys, "data.num_symbols"),
+                                    count + (2 * d.num_symbols + 2) * m.hidden_size)
   examples = config.train.batch_size + 2 * d.eval_examples      # (eval_batches copy them)
   keys = ("train.batch_size", "data.eval_examples", "data.length") + {
       "adding": (), "recall": ("data.num_items", "data.num_symbols")}.get(d.task, ("data.num_items",))
@@ -108,7 +101,7 @@ def make_model(config) -> SequenceModel:
                 "recall": 2 * d.num_symbols + 1, "adding": None}[d.task]
   return SequenceModel(**config.model, num_outputs=1 if d.task == "adding" else d.num_symbols,
                        head="per_position" if d.task in ("copy", "reverse") else "last",
-                       vocab_size=vocab_size)
+                       vocab_size=vocab_size, max_length=sequence_length(config))
 
 
 def example_metrics(task: str, outputs: jax.Array, targets: jax.Array
@@ -146,13 +139,14 @@ def build(config) -> Workload:
   def init(rng):
     return model.init(rng, jnp.asarray(example))["params"]
 
-  def evaluate(params, batch):
-    return example_metrics(task, model.apply({"params": params}, batch["inputs"]),
-                           batch["targets"])
+  def evaluate(params, batch, rng=None):
+    """Metrics of a batch; with an rng in training mode (dropout drawn from it)."""
+    outputs = model.apply({"params": params}, batch["inputs"], train=rng is not None,
+                          rngs=None if rng is None else {"dropout": rng})
+    return example_metrics(task, outputs, batch["targets"])
 
   def loss(params, batch, rng):
-    del rng  # no dropout or sampling
-    totals = {name: n.sum() / d.sum() for name, (n, d) in evaluate(params, batch).items()}
+    totals = {name: n.sum() / d.sum() for name, (n, d) in evaluate(params, batch, rng).items()}
     return totals.pop("loss"), totals
 
   return Workload(init=init,
@@ -162,4 +156,4 @@ def build(config) -> Workload:
               loss=loss, evaluate=evaluate)
 
 
-TASK = register("sequence_tasks", validate=validate, build=build)
+register("sequence_tasks", validate=validate, build=build)

@@ -1,24 +1,26 @@
-"""Byte-level language models: a recurrent stack or a causal transformer decoder.
+"""Byte-level language models: a recurrent stack or a causal stack of blocks.
 
   rnn | lstm | gru   bytes [B, L] -> Embed(256, embed_size) -> research.recurrent layer
-                     (num_layers × hidden_size), its state carried in and out ->
-                     Dense(256): logits [B, L, 256]
-  transformer        bytes [B, L] -> Embed(256, hidden_size) + sinusoidal positions ->
-                     num_layers pre-norm TransformerBlocks (x += MHA(LN(x)); x += MLP(LN(x)))
-                     with causal self-attention (query i sees keys j ≤ i, or i − window … i with
-                     a window) -> LayerNorm -> Dense(256): logits [B, L, 256]
+                     (num_layers × hidden_size, dropout_rate between layers), its state
+                     carried in and out -> Dense(256): logits [B, L, 256]
+  transformer        bytes [B, L] -> the causal stack (block_stack.py): Embed(256,
+  lru | s5           hidden_size) + positions -> num_layers blocks (pre-norm by default:
+                     x += Mixer(LN(x)); x += MLP(LN(x))) whose mixer reads earlier bytes
+                     only (causal self-attention `attention`, one of CAUSAL_ATTENTIONS, or
+                     the forward linear recurrence) -> LayerNorm -> Dense(256): logits
+                     [B, L, 256]
 
 The recurrent model's `carry` is the layer's state, h [num_layers, B, hidden_size] for
 rnn / gru and (h, c) for lstm: evaluating a long text in chunks, each chunk starting
 from the previous chunk's carry, gives the same logits as one pass over the whole text.
-The transformer has no carry (it returns None): its context is the bytes it is given,
-and a long text is scored with a sliding window (research/experiments/char_lm.py).
+The blocks have no carry (they return None): their context is the bytes they are given
+(at most `max_length` where the attention or learned positions need it), and a long text
+is scored with a sliding window (research/experiments/char_lm.py).
 
 `sample` draws continuations of a prompt (temperature, top-k) from either kind.
 Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters; logits are float32.
 """
 
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -26,34 +28,24 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from research.models.block_stack import BlockStack, StackFields, check_choice
 from research.models.kinds import BLOCK_KINDS, KINDS, RECURRENT
-from research.models.positions import sinusoidal_positions
-from research.models.recurrent_mixer import block_mixer
-from research.models.self_attention import self_attention
-from research.models.transformer_block import TransformerBlock
 
 Array = jax.Array
 VOCAB_SIZE = 256                 # bytes
 
 
-class LanguageModel(nn.Module):
-  """bytes [B, L] (ints 0 … 255) -> (logits [B, L, 256], carry); see the module docstring."""
+class LanguageModel(StackFields):
+  """bytes [B, L] (ints 0 … 255) -> (logits [B, L, 256], carry); see the module docstring.
+
+  The blocks' fields are StackFields' (block_stack.py): hidden_size, num_layers,
+  mlp_size, attention, window, …, dropout_rate (the recurrent kinds' too).
+  """
   kind: str                      # one of KINDS: "rnn", "lstm", "gru", "transformer", "lru", "s5"
-  hidden_size: int               # recurrent state / transformer features F
-  num_layers: int = 1            # recurrent layers / transformer blocks
-  embed_size: int = 64           # recurrent: byte embedding size (transformer: hidden_size)
-  num_heads: int = 4             # transformer: attention heads, dividing hidden_size
-  mlp_ratio: int = 4             # transformer: MLP width / hidden_size
-  window: int = 0                # transformer: 0 attends to every earlier byte; w > 0 to the
-                                 # w bytes before (sliding window)
-  implementation: str = "auto"   # transformer: research.attention implementation
-  dropout: float = 0.0           # between recurrent layers / on transformer branches (train)
-  state_size: int = 64           # lru / s5: complex states N of each block's (causal) recurrence
-  recurrence: Any = None         # lru / s5: {kind: {option: value}} (recurrent_mixer.OPTIONS)
-  dtype: Any = "float32"         # dtype of the matrix products ("float32", "bfloat16")
+  embed_size: int = 64           # recurrent: byte embedding size (blocks: hidden_size)
 
   def initial_carry(self, batch_size: int) -> Any:
-    """The zero state of the recurrent kinds for batch_size texts (None for the transformer)."""
+    """The zero state of the recurrent kinds for batch_size texts (None for the blocks)."""
     if self.kind in BLOCK_KINDS:
       return None
     h = jnp.zeros((self.num_layers, batch_size, self.hidden_size), jnp.float32)
@@ -65,37 +57,22 @@ class LanguageModel(nn.Module):
     """tokens [B, L]; carry from `initial_carry` or a previous call (None: zeros).
 
     Returns logits [B, L, 256] for the byte after each position, and the carry after the
-    last position (None for the transformer).
+    last position (None for the blocks).
     """
-    if self.kind not in KINDS:
-      raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+    check_choice("kind", self.kind, KINDS)
+    self.check_names()
     if self.kind in BLOCK_KINDS:
       if carry is not None:
         raise ValueError(f"the {self.kind} blocks have no carry; pass carry=None")
-      x = self.decode(tokens, train=train)
+      x = BlockStack(**self.stack_fields(), kind=self.kind, vocab_size=VOCAB_SIZE, causal=True,
+                     name="stack")(tokens, train=train)
     else:
       x = nn.Embed(VOCAB_SIZE, self.embed_size, dtype=self.dtype, name="embed")(tokens)
-      x, carry = RECURRENT[self.kind](self.hidden_size, self.num_layers, dropout=self.dropout,
-                                      dtype=self.dtype, name="recurrent")(
-          x, initial_state=carry, train=train)
+      x, carry = RECURRENT[self.kind](self.hidden_size, self.num_layers,
+                                      dropout=self.dropout_rate, dtype=self.dtype,
+                                      name="recurrent")(x, initial_state=carry, train=train)
     logits = nn.Dense(VOCAB_SIZE, dtype=self.dtype, name="head")(x).astype(jnp.float32)
     return logits, carry
-
-  def decode(self, tokens: Array, *, train: bool) -> Array:
-    """The transformer decoder: tokens [B, L] -> features [B, L, hidden_size]."""
-    x = nn.Embed(VOCAB_SIZE, self.hidden_size, dtype=self.dtype, name="embed")(tokens)
-    x = x + sinusoidal_positions(tokens.shape[1], self.hidden_size).astype(x.dtype)
-    x = nn.Dropout(self.dropout, deterministic=not train)(x)
-    mixer = block_mixer(self.kind, functools.partial(self_attention,
-        "local" if self.window else "full", num_heads=self.num_heads,
-        features=self.hidden_size, window=self.window, implementation=self.implementation,
-        dtype=self.dtype), state_size=self.state_size, dtype=self.dtype,
-                        recurrence=self.recurrence)
-    for layer in range(self.num_layers):
-      x = TransformerBlock(mixer, self.mlp_ratio * self.hidden_size, is_causal=True,
-                           dropout_rate=self.dropout, dtype=self.dtype,
-                           name=f"block{layer}")(x, train=train)
-    return nn.LayerNorm(name="final_norm")(x)
 
 
 def sample(model: LanguageModel, params, prompt: Array, rng: Array, *, length: int,
@@ -104,8 +81,8 @@ def sample(model: LanguageModel, params, prompt: Array, rng: Array, *, length: i
 
   Each byte is drawn from softmax(logits / temperature) restricted to the top_k most likely
   bytes (top_k = 0: all 256); temperature 0 takes the most likely byte. The recurrent kinds
-  read the prompt once and then carry their state; the transformer reads the last `context`
-  bytes before each draw (the window it was trained on). Pure: jit it with the keyword
+  read the prompt once and then carry their state; the blocks read the last `context`
+  bytes before each draw (the window they were trained on, at most max_length). Pure: jit it with the keyword
   arguments static.
   """
   batch, prompt_len = prompt.shape
@@ -134,7 +111,7 @@ def sample(model: LanguageModel, params, prompt: Array, rng: Array, *, length: i
     _, tokens = lax.scan(step, (logits[:, -1], carry), keys)
     return tokens.T
 
-  # The transformer: a buffer of prompt + drawn bytes; the byte at position t + 1 is drawn
+  # The blocks: a buffer of prompt + drawn bytes; the byte at position t + 1 is drawn
   # from the logits at t of the window of `context` bytes that ends at t (or starts at 0).
   size = max(prompt_len + length, context)
   buffer = jnp.zeros((batch, size), prompt.dtype).at[:, :prompt_len].set(prompt)

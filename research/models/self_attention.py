@@ -29,6 +29,11 @@ of Long Range Arena's Table 1, and memory-compressed attention beside them.
   reformer           LSH attention (Kitaev et al. 2020): shared query-key, `num_hashes`
                      rounds of random-rotation hashing, sorted chunks of `block_size`
 
+Every variant but linformer and memory_compressed can be causal (query i sees keys j ≤ i):
+a projected or compressed key position mixes several positions, later ones among them
+(research/attention/compressed.py refuses is_causal). `check_attention` says so before a
+model is built.
+
 `self_attention(name, ...)` returns the module's constructor; a block calls it with
 name="attention" and then as `attention(x [B, L, F], is_causal=..., key_value_seq_lengths=
 lengths [B] or None, train=...)` -> [B, L, F]. Keys t ≥ length are padding in every variant.
@@ -53,10 +58,26 @@ from research.attention import (
   SynthesizerSelfAttention,
 )
 
-ATTENTIONS = ("full", "local", "longformer", "sparse", "bigbird", "linformer",
-              "memory_compressed", "linear", "performer", "synthesizer", "sinkhorn", "reformer")
+SELF_ATTENTIONS = ("full", "local", "longformer", "sparse", "bigbird", "linformer",
+                   "memory_compressed", "linear", "performer", "synthesizer", "sinkhorn",
+                   "reformer")
+NOT_CAUSAL = ("linformer", "memory_compressed")   # a key position mixes later positions
+CAUSAL_ATTENTIONS = tuple(name for name in SELF_ATTENTIONS if name not in NOT_CAUSAL)
+WINDOWED = ("local", "longformer")                # the attentions that read `window`
 NEEDS_MAX_LENGTH = ("linformer", "synthesizer", "sinkhorn")
 SYNTHESIZER_QUERY_BLOCK = 256   # queries per block of a longer Synthesizer (O(256·n) memory)
+
+
+def check_attention(name: str, *, window: int, causal: bool = False) -> None:
+  """ValueError unless `name` is one of SELF_ATTENTIONS (CAUSAL_ATTENTIONS when causal)
+  that runs with `window` (> 0 for the WINDOWED ones)."""
+  if name not in SELF_ATTENTIONS:
+    raise ValueError(f"attention must be one of {SELF_ATTENTIONS}, got {name!r}")
+  if causal and name not in CAUSAL_ATTENTIONS:
+    raise ValueError(f"attention {name!r} cannot be causal (a key position mixes later "
+                     f"positions); a causal model takes one of {', '.join(CAUSAL_ATTENTIONS)}")
+  if name in WINDOWED and window < 1:
+    raise ValueError(f"attention {name!r} needs a window > 0 (its half-width), got {window}")
 
 
 def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
@@ -64,7 +85,7 @@ def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
                    block_size: int = 64, num_features: int = 256, num_hashes: int = 2,
                    layer: int = 0, implementation: str = "auto",
                    dtype: Any = None) -> Callable[..., nn.Module]:
-  """The constructor of the self-attention called `name` (one of ATTENTIONS).
+  """The constructor of the self-attention called `name` (one of SELF_ATTENTIONS).
 
   Args:
     num_heads: heads H, dividing `features`.
@@ -83,10 +104,7 @@ def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
       local, longformer, sparse, bigbird, and memory_compressed's over compressed keys).
     dtype: dtype of the matrix products.
   """
-  if name not in ATTENTIONS:
-    raise ValueError(f"attention must be one of {ATTENTIONS}, got {name!r}")
-  if name in ("local", "longformer") and window < 1:
-    raise ValueError(f"attention {name!r} needs a window > 0, got {window}")
+  check_attention(name, window=window)
   if name in NEEDS_MAX_LENGTH and max_length is None:
     raise ValueError(f"attention {name!r} needs max_length (the longest input)")
   if name == "linformer":
@@ -115,6 +133,6 @@ def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
   sparsity = {"sparse": SparseFixed(block=block_size, summary=max(1, block_size // 8)),
               "bigbird": BigBird(block=block_size, seed=layer)}.get(name)
   return functools.partial(MultiHeadAttention, num_heads, implementation=implementation,
-                           window=window if name in ("local", "longformer") else None,
+                           window=window if name in WINDOWED else None,
                            global_tokens=(0,) if name == "longformer" else None,
                            sparsity=sparsity, dtype=dtype)

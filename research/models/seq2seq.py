@@ -68,7 +68,7 @@ Array = jax.Array
 LAYERS = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
 CELLS = {"rnn": SimpleRNNCell, "lstm": LSTMCell, "gru": GRUCell}
 PATTERNS = ("local_m", "local_p", "hard")
-ATTENTIONS = ("none", *SCORE_FUNCTIONS, *PATTERNS)
+DECODER_ATTENTIONS = ("none", *SCORE_FUNCTIONS, *PATTERNS)
 STYLES = ("bahdanau", "luong")
 HARD_TRAINING = {"gumbel": "gumbel", "reinforce": "sample"}
 
@@ -105,7 +105,7 @@ class Encoder(nn.Module):
   cell: str = "lstm"       # "rnn", "lstm" or "gru"
   num_layers: int = 1      # stacked recurrent layers
   bidirectional: bool = False  # add a reverse-time direction to every layer
-  dropout: float = 0.0     # on the embeddings and between layers, training only
+  dropout_rate: float = 0.0  # on the embeddings and between layers, training only
   dtype: Any = None        # dtype of the matrix products (None: float32)
 
   @nn.compact
@@ -113,9 +113,9 @@ class Encoder(nn.Module):
                train: bool = False) -> tuple[Memory, Any]:
     directions = 2 if self.bidirectional else 1
     x = nn.Embed(self.vocab_size, self.embed_size, dtype=self.dtype, name="embed")(source)
-    x = nn.Dropout(self.dropout, deterministic=not train)(x)
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     layer = LAYERS[self.cell](self.hidden_size // directions, num_layers=self.num_layers,
-                              bidirectional=self.bidirectional, dropout=self.dropout,
+                              bidirectional=self.bidirectional, dropout=self.dropout_rate,
                               dtype=self.dtype, name="rnn")
     states, final = layer(x, seq_lengths=source_lengths, train=train)
     h_n, c_n = final if self.cell == "lstm" else (final, None)
@@ -174,7 +174,7 @@ class Decoder(nn.Module):
   max_source_length: int | None = None   # S of the location score
   local_window: int = 10           # D of local_m / local_p
   hard_training: str = "gumbel"    # "gumbel" or "reinforce"
-  dropout: float = 0.0             # on the embeddings and before the output layer
+  dropout_rate: float = 0.0        # on the embeddings and before the output layer
   dtype: Any = None                # dtype of the matrix products (None: float32)
 
   def setup(self):
@@ -190,7 +190,7 @@ class Decoder(nn.Module):
     else:
       self.combine = nn.Dense(self.hidden_size, use_bias=False, dtype=self.dtype)  # W_c
     self.output = nn.Dense(self.vocab_size, dtype=self.dtype)                      # W_o or W_s, b
-    self.drop = nn.Dropout(self.dropout)
+    self.drop = nn.Dropout(self.dropout_rate)
 
   def initial_state(self, carry: Any) -> DecoderState:
     """The state before the first target token, from the encoder's final carry (kept in
@@ -253,7 +253,7 @@ class Seq2Seq(nn.Module):
   style: str = "luong"             # "bahdanau" (query s_{t-1}) or "luong" (query h_t)
   input_feeding: bool = True       # Luong only: feed h̃_{t-1} with the next input
   local_window: int = 10           # D, half-width of the local_m / local_p window
-  dropout: float = 0.0             # dropout rate, training only
+  dropout_rate: float = 0.0        # dropout rate, training only
   score: str = "general"           # score function of local_m / local_p / hard
   attention_features: int | None = None  # a of additive / concat / local-p (None: H)
   max_source_length: int | None = None   # S of the location score (needed by it)
@@ -261,8 +261,9 @@ class Seq2Seq(nn.Module):
   dtype: Any = None                # dtype of the matrix products, e.g. "bfloat16" (None: float32)
 
   def _check_config(self):
-    choices = {"cell": (self.cell, tuple(CELLS)), "attention": (self.attention, ATTENTIONS),
-               "style": (self.style, STYLES), "score": (self.score, tuple(SCORE_FUNCTIONS)),
+    choices = {"cell": (self.cell, tuple(CELLS)),
+               "attention": (self.attention, DECODER_ATTENTIONS), "style": (self.style, STYLES),
+               "score": (self.score, tuple(SCORE_FUNCTIONS)),
                "hard_training": (self.hard_training, tuple(HARD_TRAINING))}
     for key, (value, allowed) in choices.items():
       if value not in allowed:
@@ -280,11 +281,13 @@ class Seq2Seq(nn.Module):
   def setup(self):
     self._check_config()
     self.encoder = Encoder(self.source_vocab_size, self.embed_size, self.hidden_size, self.cell,
-                           self.encoder_layers, self.bidirectional, self.dropout, self.dtype)
+                           self.encoder_layers, self.bidirectional, self.dropout_rate,
+                           self.dtype)
     self.decoder = Decoder(self.target_vocab_size, self.embed_size, self.hidden_size, self.cell,
                            self.attention, self.style, self.input_feeding, self.score,
                            self.attention_features, self.max_source_length,
-                           self.local_window, self.hard_training, self.dropout, self.dtype)
+                           self.local_window, self.hard_training, self.dropout_rate,
+                           self.dtype)
 
   def encode(self, source: Array, source_lengths: Array, *,
              train: bool = False) -> tuple[Memory, DecoderState]:

@@ -70,7 +70,14 @@ def test_the_default_is_a_recurrent_model_on_the_whole_test_split():
     ({"data.test_stride": 999}, "config.data.test_stride=999 must be <= config.data.context"),
     ({"sample.top_k": 300}, "config.sample.top_k=300 must be in 0 … 256"),
     ({"sample.temperature": -1.0}, "config.sample.temperature=-1.0 must be a number >= 0"),
-    ({"model.dropout": 1.0}, r"config.model.dropout=1.0 must be in \[0, 1\)"),
+    ({"model.dropout_rate": 1.0}, r"config.model.dropout_rate=1.0 must be in \[0, 1\)"),
+    ({"model.attention": "routing"}, "config.model.attention='routing' is not allowed; choose "
+                                     "one of: 'full', 'local', 'longformer'"),
+    ({"model.kind": "transformer", "model.attention": "linformer"},
+     "config.model.attention: attention 'linformer' cannot be causal .*; a causal model takes "
+     "one of full, local, longformer, sparse, bigbird, linear, performer, synthesizer, "
+     "sinkhorn, reformer"),
+    ({"model.mlp_size": 0}, "config.model.mlp_size=0 must be a number > 0"),
     ({"data.stdlib": "/no/such/dir"}, "config.data.stdlib='/no/such/dir' is not a directory"),
     ({"model.kind": "transformer", "model.num_heads": 3}, "config.model.num_heads=3 must divide"),
     ({"model.implementation": "fast"}, "config.model.implementation='fast' is not allowed"),

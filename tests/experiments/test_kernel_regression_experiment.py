@@ -18,6 +18,7 @@ from statsmodels.nonparametric import kernels as statsmodels_kernels
 from statsmodels.nonparametric.kernel_regression import KernelReg
 from statsmodels.regression.linear_model import OLS
 
+from research import experiments
 from research.data import regression_1d as data
 from research.experiments import kernel_regression
 from research.training.loop import train_and_evaluate
@@ -148,8 +149,6 @@ def test_linear_regression_equals_statsmodels_ols():
      "of: .*'kernel_regression'"),
 ])
 def test_bad_values_are_named(overrides, message):
-  from research import experiments  # noqa: PLC0415
-
   config = apply_overrides(experiment.get_config(), overrides)
   with pytest.raises(ConfigError, match=message):
     experiments.get(config.experiment).validate(config)
@@ -167,7 +166,7 @@ def test_a_tiny_run_learns_the_bandwidths_and_reports_every_method(tmp_path):
                "train.eval_every": 40, "train.checkpoint_every": 40, "model.grid_size": 100}
   config = apply_overrides(experiment.get_config(), overrides)
   workdir = str(tmp_path / "run")
-  final = train_and_evaluate(config, workdir, kernel_regression.TASK)
+  final = train_and_evaluate(config, workdir, experiments.get("kernel_regression"))
   with open(os.path.join(workdir, "final_metrics.json")) as f:
     assert json.load(f) == pytest.approx(final)
   for kernel in ("gaussian", "box", "triangle"):

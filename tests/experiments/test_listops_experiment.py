@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from research import experiments
 from research.data import listops as listops_data
 from research.errors import InputError
 from research.experiments import listops
@@ -33,7 +34,7 @@ def tiny_config(tmp_path, arg="preset=cpu", **overrides):
 
 
 @pytest.mark.parametrize("preset", experiment.PRESETS)
-@pytest.mark.parametrize("attention", experiment.ATTENTIONS)
+@pytest.mark.parametrize("attention", experiment.SELF_ATTENTIONS)
 def test_every_preset_and_attention_validates(preset, attention, tmp_path):
   config = experiment.get_config(f"preset={preset},attention={attention}")
   listops.validate(config)
@@ -121,7 +122,7 @@ def test_lras_own_file_names_are_read_and_a_foreign_token_is_named(tmp_path):
 @pytest.mark.slow
 def test_a_tiny_run_trains_in_buckets_and_reports_test_accuracy(tmp_path):
   config = tiny_config(tmp_path, "preset=cpu,attention=longformer")
-  final = train_and_evaluate(config, str(tmp_path / "run"), listops.TASK)
+  final = train_and_evaluate(config, str(tmp_path / "run"), experiments.get("listops"))
   data = listops.load_data(config)
   # One compiled step per bucket a batch came from; the test split is scored whole.
   assert 1 <= final["perf/train_step_traces"] <= len(data.boundaries) == 2

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from research import experiments
 from research.data.text import EOS, Vocabulary
 from research.errors import InputError
 from research.experiments import nmt_dates
@@ -40,7 +41,7 @@ def tiny_config(arg=None, **overrides):
 ])
 def test_bad_values_are_named(arg, overrides, message):
   with pytest.raises(ConfigError) as error:
-    validate(tiny_config(arg, **overrides), nmt_dates.TASK)
+    validate(tiny_config(arg, **overrides), experiments.get("nmt_dates"))
   assert message in str(error.value)
 
 
@@ -73,7 +74,7 @@ def test_user_corpus_is_split_and_its_vocabulary_saved(tmp_path):
   assert data.source_vocab.tokens[4] == "apples"       # the most frequent word
   assert "extra" not in data.target_vocab.tokens
   workdir = tmp_path / "run"
-  train_and_evaluate(config, str(workdir), nmt_dates.TASK)
+  train_and_evaluate(config, str(workdir), experiments.get("nmt_dates"))
   saved = Vocabulary.load(workdir / "target_vocab.json")
   assert saved.tokens == data.target_vocab.tokens
 
@@ -87,7 +88,7 @@ def test_a_corpus_too_small_for_its_splits_is_named(tmp_path):
 
 
 def test_tiny_run_lowers_the_loss_and_writes_predictions_and_heatmaps(tmp_path):
-  final = train_and_evaluate(tiny_config(), str(tmp_path), nmt_dates.TASK)
+  final = train_and_evaluate(tiny_config(), str(tmp_path), experiments.get("nmt_dates"))
   with open(tmp_path / "metrics.jsonl") as f:
     losses = [r["train/loss"] for r in map(json.loads, f) if "train/loss" in r]
   assert losses[-1] < 0.8 * losses[0]

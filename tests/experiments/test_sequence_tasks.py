@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import sequence_tasks as experiment  # noqa: E402
 
 SMALL = {"data.length": 6, "data.num_symbols": 5, "data.num_items": 3, "data.eval_examples": 20,
-         "model.hidden_size": 16, "train.batch_size": 8}
+         "model.hidden_size": 16, "model.mlp_size": 64, "train.batch_size": 8}
 
 
 def small_config(arg=None, **overrides):
@@ -72,8 +72,8 @@ def test_sweep_covers_every_model_and_length_and_validates():
 @pytest.mark.parametrize("overrides, message", [
     ({"data.task": "sort"}, "config.data.task='sort' is not allowed; choose one of: 'copy'"),
     ({"model.kind": "mamba"}, "config.model.kind='mamba' is not allowed; choose one of: 'rnn'"),
-    ({"model.attention": "sparse"}, "config.model.attention='sparse' is not allowed; choose "
-                                    "one of: 'full', 'local'"),
+    ({"model.attention": "routing"}, "config.model.attention='routing' is not allowed; choose "
+                                     "one of: 'full', 'local', 'longformer', 'sparse'"),
     ({"model.implementation": "flash"}, "config.model.implementation='flash' is not allowed; "
                                         "choose one of: 'auto', 'dense', 'chunked', 'banded'"),
     ({"model.dtype": "float8"}, "config.model.dtype='float8' is not allowed; choose one of: "
@@ -85,7 +85,9 @@ def test_sweep_covers_every_model_and_length_and_validates():
     ({"model.hidden_size": 0}, "config.model.hidden_size=0 must be a number > 0"),
     ({"model.num_layers": 0}, "config.model.num_layers=0 must be a number > 0"),
     ({"model.num_heads": 0}, "config.model.num_heads=0 must be a number > 0"),
-    ({"model.window": -2}, "config.model.window=-2 must be a number >= 0"),
+    ({"model.window": 0}, "config.model.window=0 must be a number > 0"),
+    ({"model.mlp_size": 0}, "config.model.mlp_size=0 must be a number > 0"),
+    ({"model.dropout_rate": 1.0}, "config.model.dropout_rate=1.0 must be in [0, 1)"),
     ({"model.state_size": 0}, "config.model.state_size=0 must be a number > 0"),
     ({"model.recurrence.lru.r_min": 1.5}, "config.model.recurrence: lru: need 0 <= r_min < "
                                           "r_max <= 1, got r_min=1.5"),
@@ -101,10 +103,10 @@ def test_sweep_covers_every_model_and_length_and_validates():
                                                    "config.data.num_symbols=5"),
     ({"model.kind": "transformer", "model.num_heads": 3}, "config.model.num_heads=3 must divide "
                                                           "config.model.hidden_size=16"),
-    ({"model.kind": "transformer", "model.attention": "local"},
-     "config.model.window=0 with config.model.attention='local': 'local' needs a window > 0"),
-    ({"model.kind": "transformer", "model.window": 3},
-     "config.model.window=3 with config.model.attention='full'"),
+    ({"model.kind": "transformer", "model.attention": "linformer", "model.causal": True},
+     "config.model.attention: attention 'linformer' cannot be causal (a key position mixes "
+     "later positions); a causal model takes one of full, local, longformer, sparse, bigbird, "
+     "linear, performer, synthesizer, sinkhorn, reformer"),
 ])
 def test_bad_values_are_named(overrides, message):
   config = small_config()
@@ -191,3 +193,17 @@ def test_fifty_adamw_steps_reduce_the_loss():
   for _ in range(50):
     params, state, _ = step(params, state, jax.tree.map(jnp.asarray, next(build.train_data)))
   assert eval_loss(params) < 0.5 * before
+
+
+@pytest.mark.parametrize("task", ["copy", "adding"])
+def test_the_blocks_attention_is_sized_for_the_tasks_inputs(task):
+  """Linformer's projection E [proj_len, max_length] of every block spans the task's inputs
+  (copy: K + T + 1 + K tokens, adding: T), the length the experiment passes the model."""
+  config = small_config(f"task={task},model=transformer", **{"model.attention": "linformer",
+                                                              "model.proj_len": 4})
+  sequence_tasks.validate(config)
+  build = sequence_tasks.build(config)
+  params = jax.eval_shape(build.init, jax.random.key(0))
+  length = {"copy": 3 + 6 + 1 + 3, "adding": 6}[task]
+  assert next(build.train_data)["inputs"].shape[1] == length
+  assert params["stack"]["block0"]["attention"]["e"].shape == (4, length)

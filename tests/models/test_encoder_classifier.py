@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from research.models.encoder_classifier import EncoderClassifier
-from research.models.self_attention import ATTENTIONS
+from research.models.self_attention import SELF_ATTENTIONS
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 SMALL = dict(vocab_size=20, num_classes=10, max_length=24, num_layers=2, hidden_size=16,
              num_heads=2, mlp_size=32, window=2, proj_len=8, compression=2, block_size=4,
-             num_features=16, dropout_rate=0.0)
+             num_features=16, dropout_rate=0.0, norm="post", positions="learned")
 
 
 # Sinkhorn sorts the padded length's blocks and Reformer hashes into (padded length / chunk)
@@ -31,7 +31,7 @@ def _tokens(seed, batch, length):
 
 
 @pytest.mark.parametrize("attention,pooling,norm,positions", [
-    *((attention, "cls", "post", "learned") for attention in ATTENTIONS),
+    *((attention, "cls", "post", "learned") for attention in SELF_ATTENTIONS),
     ("local", "mean", "pre", "sinusoidal"), ("lru", "mean", "pre", "learned"),
     ("s5", "cls", "post", "learned")])
 def test_padding_changes_nothing(attention, pooling, norm, positions):

@@ -46,7 +46,8 @@ def test_chunks_with_carried_state_equal_one_pass(kind):
 @pytest.mark.parametrize("window", [0, 3])
 def test_the_transformer_is_causal_and_windowed(window):
   model, params = make("transformer")
-  model = model.clone(window=window)          # the window has no parameters of its own
+  model = model.clone(attention="local" if window else "full", window=window)   # no parameters
+                                              # of its own: the same ones
   tokens, j = byte_tokens(2, 24), 10
   both, carry = jax.jit(model.apply)({"params": params}, jnp.concatenate(
       [tokens, tokens.at[:, j].set((tokens[:, j] + 1) % 256)]))     # as given, byte j changed

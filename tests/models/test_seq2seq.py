@@ -173,7 +173,7 @@ def test_hard_attention_training_modes():
   np.testing.assert_array_equal(weights.sum(-1), 1.0)
   assert np.abs(grads["decoder"]["attend"]["score"]["w"]).max() > 0
 
-  reinforce = gumbel.clone(hard_training="reinforce", dropout=0.1)
+  reinforce = gumbel.clone(hard_training="reinforce", dropout_rate=0.1)
   rngs["dropout"] = jax.random.key(4)
   run = jax.jit(lambda params: reinforce.apply({"params": params}, SOURCE, LENGTHS, TARGET_IN,
                                                train=True, rngs=rngs, mutable="intermediates"))

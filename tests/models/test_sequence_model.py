@@ -49,7 +49,8 @@ def test_transformer_output_shapes(head, shape, token_inputs):
   x = tokens() if token_inputs else floats()
   params = jax.eval_shape(model.init, jax.random.key(0), x)["params"]
   assert jax.eval_shape(model.apply, {"params": params}, x).shape == shape
-  assert {f"block{i}" for i in range(2)} <= set(params)
+  assert set(params) == {"stack", "head"}
+  assert {f"block{i}" for i in range(2)} <= set(params["stack"])
 
 
 @pytest.mark.parametrize("attention, window, reaches", [("full", 0, True), ("local", 2, False)])
@@ -80,7 +81,7 @@ def test_sinusoidal_positions_follow_the_formula():
 
 
 @pytest.mark.parametrize("field, value", [("kind", "mamba"), ("head", "first"),
-                                          ("attention", "sparse"), ("attention", "local")])
+                                          ("attention", "routing"), ("norm", "sandwich")])
 def test_unknown_kind_head_or_attention_is_rejected(field, value):
   model = SequenceModel(**{"kind": "lstm", "hidden_size": 4, "num_layers": 1, "num_outputs": 2,
                            field: value})
@@ -97,7 +98,7 @@ def test_recurrence_options_reach_each_blocks_layer():
                         state_size=16, recurrence=ring)
   params = jax.jit(model.init)(jax.random.key(0), floats())["params"]
   for block in ("block0", "block1"):
-    layer = params[block]["attention"]["recurrence"]
+    layer = params["stack"][block]["attention"]["recurrence"]
     magnitude = np.exp(-np.exp(np.asarray(layer["nu_log"])))
     assert (magnitude >= 0.9 - 1e-6).all() and (magnitude <= 0.95 + 1e-6).all()
     assert (np.exp(np.asarray(layer["theta_log"])) <= 0.1 + 1e-6).all()

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.models.self_attention import ATTENTIONS, self_attention
+from research.models.self_attention import SELF_ATTENTIONS, self_attention
 from research.models.transformer_block import TransformerBlock
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -77,7 +77,7 @@ def test_dropout_acts_on_both_branches_and_the_hidden_units_in_training_only():
     assert not np.allclose(drawn[0], reference) and not np.allclose(drawn[0], drawn[1])
 
 
-@pytest.mark.parametrize("name", ATTENTIONS)
+@pytest.mark.parametrize("name", SELF_ATTENTIONS)
 def test_every_attention_is_a_block_and_ignores_padded_keys(name):
   """Changing the inputs at padded positions leaves the real positions' outputs unchanged."""
   x = np.random.default_rng(2).normal(size=(B, 8, F)).astype(np.float32)
