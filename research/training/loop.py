@@ -50,6 +50,7 @@ from research.training.metrics import (
   NonFiniteLossError,
   Progress,
 )
+from research.training.renamed_keys import RENAMED_KEYS, renamed
 from research.training.train_step import (
   init_state,
   learning_rate_schedule,
@@ -330,8 +331,8 @@ def _stop_signals():
 
 
 def _check_config(config, workdir: str) -> None:
-  """A workdir of a different run (other than RESUMABLE_KEYS), or whose config.json cannot
-  be read, is refused."""
+  """A workdir of a different run (other than RESUMABLE_KEYS), written under a key that
+  was renamed since (renamed_keys.py), or whose config.json cannot be read, is refused."""
   path = os.path.join(workdir, CONFIG)
   new = json.loads(config.to_json_best_effort())
   try:
@@ -344,6 +345,11 @@ def _check_config(config, workdir: str) -> None:
         f"there: put back a whole copy, delete it to run this command's config there (its "
         f"checkpoints are resumed), or give another --workdir") from None
   old, new = _flatten(old), _flatten(new)
+  for key in sorted(set(old) & set(RENAMED_KEYS) - set(new)):
+    if RENAMED_KEYS[key][0] in new:
+      raise ConfigError(f"workdir {workdir} was written with {renamed(key)}: this version "
+                        "cannot resume it (its parameters have other names too); use a new "
+                        "--workdir, or resume it with the version of the project that wrote it")
   changed = sorted(k for k in set(old) | set(new)
                    if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
   if changed:

@@ -16,6 +16,7 @@ from research.training import distributed
 from research.training.compile import available_ram, gib
 from research.training.config import base_config
 from research.training.parallel import STRATEGIES
+from research.training.renamed_keys import RENAMED_KEYS, renamed
 from research.training.train_step import SCHEDULES
 
 
@@ -181,11 +182,15 @@ def _children(config, prefix: str) -> list[str]:
 
 
 def check_key(config, key: str) -> None:
-  """key must name an existing leaf; the message lists the keys next to it."""
+  """key must name an existing leaf; the message lists the keys next to it, or names the
+  new key of a renamed one (renamed_keys.py)."""
   parts = key.split(".")
   for depth in range(len(parts)):
     prefix = ".".join(parts[:depth])
     if parts[depth] not in _children(config, prefix):
+      parent, _, leaf = RENAMED_KEYS.get(key, ("",))[0].rpartition(".")
+      if leaf in _children(config, parent):      # this config has the key's new name
+        raise ConfigError(f"config key {renamed(key)}: set that key instead")
       where = f"under config.{prefix}" if prefix else "at the top level"
       raise ConfigError(f"unknown config key config.{key}; keys {where}: "
                         f"{', '.join(_children(config, prefix))}")

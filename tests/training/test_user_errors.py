@@ -65,6 +65,7 @@ def _files(root: str) -> dict:
   os.symlink("/proc/self/mem", os.path.join(paths["corpus"], "unreadable.tsv"))
   write("truncated", {"config.json": '{\n  "data": {\n    "eval_ex', "metrics.jsonl": ""})
   write("found", {"notes.txt": "the user's own file\n"})
+  write("old_key", {"config.json": json.dumps({"model": {"dropout": 0.0}})})
   base = f"{EXPERIMENTS}/sequence_tasks.py"
   write("sweep", {"bad.py": SWEEP_CONFIG.format(base=base, points=[
       {"model.kind": "gru"}, {"model.kind": "transformer", "model.num_heads": 3}]),
@@ -154,6 +155,10 @@ def _cases(paths: dict, root: str) -> dict:
           [f"--config={paths['sweep']}/bad.py", *sequence[1:], "--sweep"], fresh("sweep"),
           "sweep point 1 (model.kind=transformer,model.num_heads=3): config.model.num_heads=3 "
           "must divide config.model.hidden_size=16"),
+      "sequence_tasks workdir of a renamed key": (
+          sequence, paths["old_key"],
+          f"workdir {paths['old_key']} was written with config.model.dropout, now called "
+          "config.model.dropout_rate: this version cannot resume it"),
       "sequence_tasks variant without a value": (
           [sequence[0].replace("task=adding,model=lstm", "model")], fresh("no_value"),
           "variant 'model' in --config ...:model has no value; write model=VALUE"),

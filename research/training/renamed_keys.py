@@ -1,0 +1,21 @@
+"""Config keys that were renamed: an old key on the command line, in a sweep or in a
+workdir's config.json is refused with a message that names the new one.
+
+  model.dropout     -> model.dropout_rate   char_lm, nmt_dates (listops' spelling)
+  model.mlp_ratio   -> model.mlp_size       char_lm: the MLP's width itself, no longer a
+                                            multiple of hidden_size (ratio 4 at hidden_size
+                                            256 is mlp_size 1024)
+"""
+
+RENAMED_KEYS = {
+    "model.dropout": ("model.dropout_rate", ""),
+    "model.mlp_ratio": ("model.mlp_size", "the MLP's width itself, mlp_ratio × hidden_size"),
+}
+
+
+def renamed(key: str) -> str | None:
+  """'config.<key>, now called config.<new key> (what changed)' for a renamed key, else None."""
+  if key not in RENAMED_KEYS:
+    return None
+  new, change = RENAMED_KEYS[key]
+  return f"config.{key}, now called config.{new}" + (f" ({change})" if change else "")
