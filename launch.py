@@ -7,9 +7,17 @@ ml_collections' config_flags. Every error a user can cause (a config file that d
 parse, a bad key or value, an unusable or busy workdir, a malformed corpus) prints one
 line `error: ...` and exits with status 2 before anything is compiled (`--verbose`
 shows the traceback and the libraries' logs). Rerunning a command resumes its workdir.
+An exception in any other thread ends the run too, in one line and status 1
+(`research.training.thread_failures`).
+
+`--compile_only=TARGET` compiles the train and eval steps for TARGET instead of training
+(`research.training.compile_only`; with `--sweep`, every point of the sweep): the same
+checks first, the same workdir rules (a live run's workdir refused), and nothing written
+unless every step compiles.
 
 Exit status: 0 done (or stopped by SIGTERM after saving a checkpoint), 1 the run failed
-(a non-finite loss, a failed save), 2 a user error, 130 stopped by Ctrl-C after saving.
+(a non-finite loss, a failed save, an exception in another thread), 2 a user error,
+130 stopped by Ctrl-C after saving.
 """
 
 import sys
@@ -25,7 +33,6 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   import logging as python_logging
   import os
   import signal
-  import threading
 
   import jax
   from absl import app, flags, logging
@@ -34,18 +41,18 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from research import experiments
   from research.aot import targets
   from research.errors import ConfigError, RunFailed, UserError
-  from research.training import Stopped, distributed, run_sweep, train_and_evaluate
-  from research.training.compile_only import compile_only, table, target_devices
-  from research.training.loop import validate_experiment
-  from research.training.validation import check_base_keys, check_shared, parse_value
+  from research.training import Stopped, distributed, run_sweep, thread_failures, train_and_evaluate
+  from research.training.compile_only import REPORT, SUMMARY, compile_sweep, table, target_name
+  from research.training.validation import check_base_keys, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
-_COMPILE_ONLY = flags.DEFINE_string(
-    "compile_only", None, "compile the train and eval steps for TARGET (no such device needed: "
-    f"{', '.join(targets.TARGETS)}), write compile_report.json, train nothing")
+COMPILE_ONLY_FLAG = "compile_only"
+flags.DEFINE_string(
+    COMPILE_ONLY_FLAG, None, "compile the train and eval steps for TARGET (no such device "
+    f"needed: {', '.join(targets.TARGETS)}), write compile_report.json, train nothing")
 flags.DEFINE_bool("verbose", False, "show tracebacks and the libraries' INFO logs")
 
 
@@ -116,8 +123,31 @@ def check_overrides(config, argv: list[str]) -> None:
       parse_value(config, name.removeprefix("config."), value)
 
 
+def compile_target(argv: list[str]) -> str | None:
+  """The target of --compile_only in argv, as absl reads the flag (its last occurrence;
+  `--compile_only=T` or `--compile_only T`), named as research.aot.targets names it; None
+  without the flag. ConfigError listing the targets for an unknown name, an empty value,
+  or none (last, or followed by another flag, which absl would take for the value)."""
+  target = None
+  for i, arg in enumerate(argv):
+    if arg == "--":
+      break
+    name, eq, value = arg.lstrip("-").partition("=")
+    if not arg.startswith("-") or name != COMPILE_ONLY_FLAG:
+      continue
+    if not eq:
+      value = argv[i + 1] if i + 1 < len(argv) else ""
+      value = "" if value.startswith("-") else value
+    if not value.strip():
+      raise ConfigError(f"--compile_only needs a target: --compile_only=TARGET, one of: "
+                        f"{', '.join(targets.TARGETS)}")
+    target = target_name(value)
+  return target
+
+
 def fail(status: int, message: str, verbose: bool):
   """Ends the program with `message` on stderr; with --verbose, the traceback first."""
+  thread_failures.ending(status)
   if verbose and sys.exc_info()[0] is not None:
     raise   # noqa: PLE0704 - re-raises the exception being handled, with its traceback
   print(message, file=sys.stderr, flush=True)
@@ -125,13 +155,11 @@ def fail(status: int, message: str, verbose: bool):
 
 
 def quiet_libraries() -> None:
-  """Without --verbose: no INFO logs, and no tracebacks from the libraries' threads (a
-  failed background save is reported once, as our own error)."""
+  """Without --verbose: no INFO logs, and not Orbax's ERROR logs of a failed save (the
+  exception it raises to the loop is reported once, as CheckpointSaveError)."""
   logging.set_verbosity(logging.WARNING)                  # Orbax logs every save at INFO
   logging.get_absl_handler().addFilter(lambda record: record.levelno < python_logging.ERROR or (
       "orbax" not in record.pathname and record.name != "asyncio"))   # a failed async save
-  threading.excepthook = lambda hook_args: None
-  sys.unraisablehook = lambda unraisable: None    # e.g. a flush at exit on a full disk
 
 
 def start_backends(verbose: bool) -> None:
@@ -151,51 +179,64 @@ def parse_flags(argv: list[str]):
     sys.exit(2)
 
 
-def main(config, module, name: str, verbose: bool) -> None:
-  """Trains config's experiment (or every point of the module's sweep) into --workdir."""
+def compile_for(target: str, config, module, workdir: str, experiment, verbose: bool) -> None:
+  """--compile_only: config's steps (with --sweep, every point's) compiled for `target`."""
+  start_backends(verbose)
+  points = sweep_points(module) if _SWEEP.value else None
+  with jax_start.held_back(not verbose, show_on_error=False):   # libtpu's and XLA's logs
+    results = compile_sweep(config, points, workdir, experiment, target)
+  for point, result in results.items():
+    print(f"{point}:\n{table(result)}" if point else table(result))
+  print(f"compile summary: {os.path.join(workdir, SUMMARY)}" if points is not None else
+        f"report: {os.path.join(workdir, REPORT)}")
+
+
+def main(config, module, name: str, verbose: bool, target: str | None) -> None:
+  """Trains config's experiment (or every point of the module's sweep) into --workdir, or
+  compiles it for `target` (--compile_only)."""
+  thread_failures.watch(verbose)
   if not verbose:
     quiet_libraries()
-  suffix = f"-{_COMPILE_ONLY.value}" if _COMPILE_ONLY.value else ""
+  suffix = f"-{target}" if target else ""
   workdir = _WORKDIR.value or os.path.join(
       ROOT, "runs", f"{name}{suffix}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   try:
     experiment = experiments.get(config.experiment)
-    if _COMPILE_ONLY.value:
-      start_backends(verbose)
-      check_shared(config)
-      validate_experiment(config, experiment)
-      with jax_start.held_back(not verbose):     # libtpu logs when its topology starts
-        target_devices(_COMPILE_ONLY.value)
-      with jax_start.held_back(not verbose, show_on_error=False):   # XLA's remat warnings
-        result = compile_only(config, workdir, experiment, _COMPILE_ONLY.value)
-      print(table(result))
-      print(f"report: {os.path.join(workdir, 'compile_report.json')}")
-      return
-    distributed.initialize(config)
-    start_backends(verbose)
-    if _SWEEP.value:
-      run_sweep(config, sweep_points(module), workdir, experiment)
-      print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
+    if target is not None:
+      compile_for(target, config, module, workdir, experiment, verbose)
     else:
-      final = train_and_evaluate(config, workdir, experiment)
-      print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2))
-      print(f"workdir: {workdir}")
+      distributed.initialize(config)
+      start_backends(verbose)
+      if _SWEEP.value:
+        run_sweep(config, sweep_points(module), workdir, experiment)
+        print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
+      else:
+        final = train_and_evaluate(config, workdir, experiment)
+        print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2))
+        print(f"workdir: {workdir}")
+    thread_failures.join_other_threads()
+    thread_failures.raise_if_failed("after the command's work was done (what it wrote is "
+                                    "complete)")
   except UserError as error:
     fail(2, f"error: {error}", verbose)
   except RunFailed as error:
     fail(1, f"error: {error}", verbose)
   except Stopped as error:
+    thread_failures.ending(130 if error.signum == signal.SIGINT else 0)
     print(str(error), file=sys.stderr)
     sys.exit(130 if error.signum == signal.SIGINT else 0)
   except KeyboardInterrupt:
     fail(130, "interrupted (Ctrl-C) before the first step: nothing to save", verbose)
+  thread_failures.ending(0)
 
 
 def run(argv: list[str]) -> None:
-  """Loads the config once, checks the overrides, then hands over to absl and main."""
+  """Loads the config once, checks the overrides and --compile_only's target, then hands
+  over to absl and main."""
   verbose = VERBOSE_FLAG in argv
   try:
     spec, argv = split_config_flag(argv)
+    target = compile_target(argv)
     config, module = load_config(spec)
     check_overrides(config, argv)
   except UserError as error:
@@ -204,7 +245,7 @@ def run(argv: list[str]) -> None:
       "config", config, "the experiment config: --config FILE[:ARGS] --config.key=value ...",
       lock_config=True, sys_argv=argv)
   name = os.path.basename(spec.partition(":")[0])[:-3]
-  app.run(lambda _: main(config_flag.value, module, name, verbose), argv=argv,
+  app.run(lambda _: main(config_flag.value, module, name, verbose, target), argv=argv,
           flags_parser=parse_flags)
 
 

@@ -30,6 +30,7 @@ What the targets need installs with the `aot` extra (`python3 project.py test` i
 machine without the accelerators they log to stderr, which `launch.py` keeps quiet.
 """
 
+import difflib
 import functools
 import os
 import re
@@ -75,11 +76,22 @@ class TargetUnavailable(RuntimeError):
   """The toolchain a target needs is not installed here (the `aot` extra)."""
 
 
+def name_of(text: str) -> str:
+  """The target `text` names, case and surrounding spaces aside ("T4 " -> "t4"); ValueError
+  listing the targets (and the nearest name, where one is close) otherwise."""
+  name = text.strip().lower()
+  if name in TARGETS:
+    return name
+  if not name:
+    raise ValueError(f"no target given; choose one of: {', '.join(TARGETS)}")
+  near = difflib.get_close_matches(name, TARGETS, n=1, cutoff=0.75)
+  hint = f" (did you mean {near[0]!r}?)" if near else ""
+  raise ValueError(f"unknown target {text!r}{hint}; choose one of: {', '.join(TARGETS)}")
+
+
 def get(name: str) -> Target:
-  """The target called `name`; ValueError listing the targets otherwise."""
-  if name not in TARGETS:
-    raise ValueError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}")
-  return TARGETS[name]
+  """The target `name` names (see `name_of`); ValueError listing the targets otherwise."""
+  return TARGETS[name_of(name)]
 
 
 def spec_text(target: Target) -> str:

@@ -188,5 +188,9 @@ def export_checks_to_disable() -> list:
 
 
 def host() -> str:
-  """The capability name of the platform calls are traced on (a fallback for messages)."""
+  """The capability name of the platform calls are traced for (a fallback for messages):
+  a deviceless compile's (`registry.compiling_for`), else this machine's backend's."""
+  target = registry.compile_target()
+  if target is not None:
+    return target.platform
   return {"gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}.get(jax.default_backend(), "cpu")

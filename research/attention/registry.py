@@ -53,7 +53,7 @@ PLATFORMS = ("cpu", "gpu", "tpu")      # capability names of the platforms "auto
 AUTO = "auto"
 
 
-_GPU_CAPABILITY = contextvars.ContextVar("gpu_capability", default=None)
+_COMPILING_FOR = contextvars.ContextVar("compiling_for", default=None)
 _CHOICES = contextvars.ContextVar("choices", default=None)
 
 
@@ -69,22 +69,37 @@ def recording_choices():
     _CHOICES.reset(token)
 
 
+class CompileTarget(NamedTuple):
+  """What a deviceless compile traces for (`research.aot`)."""
+  platform: str                                  # "cpu", "gpu" or "tpu"
+  gpu_capability: tuple[int, int] | None = None  # a GPU's compute capability, e.g. (7, 5)
+  device: str = ""                               # in words, for messages: "t4 (Tesla T4)"
+
+
 @contextlib.contextmanager
-def compiling_for_gpu(capability: tuple[int, int]):
-  """Within it, "gpu" means a GPU of this compute capability (e.g. (7, 5) for a T4): what
-  a deviceless compile for that GPU traces with (`research.aot`)."""
-  token = _GPU_CAPABILITY.set(tuple(capability))
+def compiling_for(platform: str, gpu_capability: tuple[int, int] | None = None,
+                  device: str = ""):
+  """Within it, calls are traced for `platform` (hardware this machine may not have): a
+  request no platform can do is refused in that platform's words (`platforms.host`), and
+  "gpu" means a GPU of `gpu_capability`, called `device` in messages."""
+  token = _COMPILING_FOR.set(CompileTarget(
+      platform, None if gpu_capability is None else tuple(gpu_capability), device))
   try:
     yield
   finally:
-    _GPU_CAPABILITY.reset(token)
+    _COMPILING_FOR.reset(token)
+
+
+def compile_target() -> CompileTarget | None:
+  """What `compiling_for` set, or None outside it."""
+  return _COMPILING_FOR.get()
 
 
 def gpu_capability() -> tuple[int, int] | None:
-  """The compute capability "gpu" stands for: the one `compiling_for_gpu` sets, else this
+  """The compute capability "gpu" stands for: the one `compiling_for` sets, else this
   machine's GPU's, else None (unknown: any)."""
-  if _GPU_CAPABILITY.get() is not None:
-    return _GPU_CAPABILITY.get()
+  if _COMPILING_FOR.get() is not None:
+    return _COMPILING_FOR.get().gpu_capability
   if jax.default_backend() == "gpu":
     major, _, minor = str(jax.devices()[0].compute_capability).partition(".")
     return int(major), int(minor or 0)
@@ -97,8 +112,9 @@ def below_capability(request: "Request", minimum: tuple[int, int], what: str) ->
   capability = gpu_capability()
   if request.platform != "gpu" or capability is None or capability >= minimum:
     return []
-  return [f"a GPU of compute capability {capability[0]}.{capability[1]} ({what} needs "
-          f"{minimum[0]}.{minimum[1]} or newer)"]
+  device = (_COMPILING_FOR.get() or CompileTarget("gpu")).device
+  return [f"{device + ', ' if device else ''}a GPU of compute capability "
+          f"{capability[0]}.{capability[1]} ({what} needs {minimum[0]}.{minimum[1]} or newer)"]
 
 
 class ImplementationError(ValueError):

@@ -15,8 +15,16 @@ trains nothing, and writes `compile_report.json` into the workdir:
                                                 compile_seconds, kernels (custom calls),
                                                 collectives, flops (where XLA counts them)
 
-A step that does not fit the device is refused (`ConfigError`, one line naming what it
-needs and what the chip has); the report is written either way, with `fits: false`.
+`compile_sweep` does it for every point of a sweep: each point's report in its own
+subdirectory (named as `--sweep` names it), and compile_summary.md beside them.
+
+A user error is refused as training refuses it (one line, `ConfigError` / `WorkdirError`),
+and everything is checked before the first compile: the config and every sweep point, the
+target (its name, its toolchain, the batch split over its devices), the workdir (not a
+file or under one, writable, not held by a live run: `research.training.workdir.hold`,
+whose lock the compile holds). A step that does not fit the device, or that an attention
+implementation cannot do there, is refused in one line naming what it needs and what the
+chip has; nothing is written unless every step compiled: the workdir is left as found.
 """
 
 import contextlib
@@ -31,67 +39,140 @@ from research.aot import report, targets
 from research.attention import registry
 from research.errors import ConfigError, WorkdirError
 from research.training import parallel, train_step
+from research.training import workdir as workdirs
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.experiment import Experiment
+from research.training.loop import validate_experiment
+from research.training.sweep import point_configs, point_name
+from research.training.validation import check_shared
 
-REPORT = "compile_report.json"
+REPORT, SUMMARY = "compile_report.json", "compile_summary.md"
+
+
+def target_name(text: str) -> str:
+  """The target `text` names (case and surrounding spaces aside); ConfigError listing the
+  targets otherwise."""
+  try:
+    return targets.name_of(text)
+  except ValueError as error:
+    raise ConfigError(f"--compile_only: {error}") from None
 
 
 def target_devices(name: str) -> tuple[targets.Target, tuple]:
   """The target called `name` and its compile-only devices; ConfigError if unknown or its
   toolchain is not installed."""
+  target = targets.TARGETS[target_name(name)]
   try:
-    target = targets.get(name)
     return target, targets.devices_of(target)
-  except (ValueError, targets.TargetUnavailable) as error:
+  except targets.TargetUnavailable as error:
     raise ConfigError(f"--compile_only: {error}") from None
 
 
-def compile_only(config, workdir: str, experiment: Experiment, target_name: str) -> dict:
-  """Compiles config's train and eval steps for `target_name`; returns the report (also
-  written to workdir/compile_report.json)."""
-  target, devices = target_devices(target_name)
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise WorkdirError(f"workdir {workdir} is a file, not a directory; give a directory for "
-                       f"{REPORT} with --workdir")
-  if config.train.batch_size % len(devices):
-    raise ConfigError(f"config.train.batch_size={config.train.batch_size} must be divisible by "
-                      f"the {len(devices)} devices of {target_name}")
+def validate(config, experiment: Experiment) -> None:
+  """The checks training makes before compiling, less this machine's device count (the
+  target's devices count instead: `compile_only`)."""
+  check_shared(config)
+  validate_experiment(config, experiment)
+
+
+def compile_only(config, workdir: str, experiment: Experiment, target: str) -> dict:
+  """Compiles config's train and eval steps for `target` (a name of research.aot.targets);
+  returns the report, also written to workdir/compile_report.json (see the module
+  docstring for what is refused)."""
+  (result,) = compile_sweep(config, None, workdir, experiment, target).values()
+  return result
+
+
+def compile_sweep(config, points: list[dict] | None, workdir: str, experiment: Experiment,
+                  target: str) -> dict[str, dict]:
+  """Compiles every point of `points` (a config module's get_sweep(); None: config itself)
+  for `target`; returns {point name: report} ({"": report} for config itself).
+
+  Writes each report into workdir/<point name>/ (workdir itself for config alone) and, for
+  a sweep, compile_summary.md; nothing at all if a point is refused (ConfigError naming it).
+  """
+  validate(config, experiment)
+  if points is None:
+    named = {"": config}
+  else:
+    configs = point_configs(config, points, experiment, validate=validate)
+    named = {point_name(p): c for p, c in zip(points, configs, strict=True)}
+  name = target_name(target)
+  directories = {point: os.path.join(workdir, point) if point else workdir for point in named}
+  with contextlib.ExitStack() as held:     # the locks, held until every file is written
+    held.enter_context(workdirs.hold(workdir))
+    if points is not None:
+      workdirs.check_entries(workdir, files=(SUMMARY,), directories=tuple(named))
+    for directory in directories.values():
+      if directory != workdir:
+        held.enter_context(workdirs.hold(directory))
+      workdirs.check_entries(directory, files=(REPORT,), directories=())
+    spec, devices = target_devices(name)
+    for point, point_config in named.items():
+      with _naming(point, list(named)):
+        if point_config.train.batch_size % len(devices):
+          raise ConfigError(f"config.train.batch_size={point_config.train.batch_size} must be "
+                            f"divisible by the {len(devices)} devices of {name}")
+    results = {}
+    for point, point_config in named.items():
+      with _naming(point, list(named)):
+        results[point] = compile_report(point_config, experiment, name, spec, devices)
+    # Each file is written whole (research.files): one that cannot be written leaves nothing
+    # of itself, and its WorkdirError removes the locks and the directories left empty.
+    for point, result in results.items():
+      _write(os.path.join(directories[point], REPORT), workdir, result)
+    if points is not None:
+      _write(os.path.join(workdir, SUMMARY), workdir, summary(results))
+  return results
+
+
+@contextlib.contextmanager
+def _naming(point: str, points: list[str]):
+  """A ConfigError of a sweep point, prefixed with the point (its index and overrides)."""
+  try:
+    yield
+  except ConfigError as error:
+    if not point:
+      raise
+    raise ConfigError(f"sweep point {points.index(point)} ({point}): {error}") from None
+
+
+def compile_report(config, experiment: Experiment, name: str, target: targets.Target,
+                   devices: tuple) -> dict:
+  """The report of config's train and eval steps compiled for `target` (called `name`) on
+  its compile-only `devices`; ConfigError if a step does not fit or cannot be compiled
+  there. Writes nothing."""
   started = time.perf_counter()
   workload = (experiment.build_shapes or experiment.build)(config)
   strategy = parallel.MeshStrategy(devices, targets.COMPILER_OPTIONS.get(target.platform))
   optimizer = train_step.make_optimizer(config.train)
   schedule = train_step.learning_rate_schedule(config.train)
   init_rng, step_rng = jax.random.split(train_step.root_key(config.seed, target.platform))
-  with refusals_as_config_errors():
-    shapes = strategy.abstract_state(
-        jax.eval_shape(lambda rng: train_step.init_state(workload, optimizer, rng), init_rng))
-  train_fn = train_step.make_train_step(workload, optimizer, schedule, step_rng,
-                                        strategy.axis_name)
-  eval_fn = train_step.make_eval_step(workload, strategy.axis_name)
-  memory = targets.memory_bytes(target)
-  where = f"{target_name} ({devices[0].device_kind})"
-  batches = {"train": next(workload.train_data), "eval": _largest(workload.eval_data)}
-  steps, attention = {}, []
-  capability = targets.gpu_capability(target)
-  gpu = registry.compiling_for_gpu(capability) if capability else contextlib.nullcontext()
-  try:
-    with gpu, registry.recording_choices() as choices:
-      for name, fn, state in (("train", train_fn, shapes), ("eval", eval_fn, shapes.params)):
-        compile_step = strategy.compile_step if name == "train" else strategy.compile_eval
-        batch = strategy.abstract_batch(batches[name])
-        compiled = compile_checked(name, functools.partial(compile_step, fn, state, batch),
-                                   limit=memory, where=where, batch_size=config.train.batch_size)
-        steps[name] = {**report.analyze(compiled.executable, memory),
-                       "compile_seconds": round(compiled.seconds, 3)}
-    attention = _per_platform(choices, registry_platform(target.platform))
-  except ConfigError as error:
-    steps["refused"] = str(error)
-    _write(workdir, _report(target_name, target, devices, config, steps, attention, started))
-    raise
-  result = _report(target_name, target, devices, config, steps, attention, started)
-  _write(workdir, result)
-  return result
+  where = f"{name} ({devices[0].device_kind})"
+  platform = registry_platform(target.platform)
+  with registry.compiling_for(platform, targets.gpu_capability(target), where), \
+       registry.recording_choices() as choices:
+    with refusals_as_config_errors():
+      shapes = strategy.abstract_state(
+          jax.eval_shape(lambda rng: train_step.init_state(workload, optimizer, rng), init_rng))
+    train_fn = train_step.make_train_step(workload, optimizer, schedule, step_rng,
+                                          strategy.axis_name)
+    eval_fn = train_step.make_eval_step(workload, strategy.axis_name)
+    memory = targets.memory_bytes(target)
+    batches = {"train": next(workload.train_data), "eval": _largest(workload.eval_data)}
+    steps = {}
+    for step, fn, state in (("train", train_fn, shapes), ("eval", eval_fn, shapes.params)):
+      compile_step = strategy.compile_step if step == "train" else strategy.compile_eval
+      batch = strategy.abstract_batch(batches[step])
+      compiled = compile_checked(step, functools.partial(compile_step, fn, state, batch),
+                                 limit=memory, where=where, batch_size=config.train.batch_size)
+      steps[step] = {**report.analyze(compiled.executable, memory),
+                     "compile_seconds": round(compiled.seconds, 3)}
+  return {"target": name, "platform": target.platform, "device_kind": devices[0].device_kind,
+          "chips": len(devices), "experiment": config.experiment,
+          "dtype": config.model.get("dtype", "float32"), "batch_size": config.train.batch_size,
+          "attention": _per_platform(choices, platform), "steps": steps,
+          "seconds": round(time.perf_counter() - started, 3)}
 
 
 def registry_platform(lowering: str) -> str:
@@ -113,22 +194,30 @@ def _largest(batches: list[dict]) -> dict:
   return max(batches, key=lambda b: sum(x.size for x in jax.tree.leaves(b)))
 
 
-def _report(name, target, devices, config, steps, attention, started) -> dict:
-  return {"target": name, "platform": target.platform, "device_kind": devices[0].device_kind,
-          "chips": len(devices), "experiment": config.experiment,
-          "dtype": config.model.get("dtype", "float32"),
-          "batch_size": config.train.batch_size, "attention": attention, "steps": steps,
-          "seconds": round(time.perf_counter() - started, 3)}
-
-
-def _write(workdir: str, result: dict) -> None:
-  """compile_report.json, whole or not at all; WorkdirError if it cannot be written."""
+def _write(path: str, workdir: str, content: dict | str) -> None:
+  """A report (JSON) or the summary (text), whole or not at all; WorkdirError if it cannot
+  be written."""
   try:
-    os.makedirs(workdir, exist_ok=True)
-    files.write_json(os.path.join(workdir, REPORT), result)
+    if isinstance(content, dict):
+      files.write_json(path, content)
+    else:
+      files.write_text(path, content)
   except OSError as error:
-    raise WorkdirError(f"workdir {workdir}: cannot write {REPORT} ({error.strerror or error}); "
+    raise WorkdirError(f"workdir {workdir}: cannot write {path} ({error.strerror or error}); "
                        "give a directory you can write to with --workdir") from None
+
+
+def summary(results: dict[str, dict]) -> str:
+  """compile_summary.md: one row per sweep point (every one fits: a step that does not is
+  refused)."""
+  lines = ["| point | train step per device | eval step per device | of the chip's | attention "
+           "| compile s |", "|---|---|---|---|---|---|"]
+  for point, result in results.items():
+    train, evaluation = result["steps"]["train"], result["steps"]["eval"]
+    lines.append(f"| {point} | {gib(train['bytes']['total'])} | "
+                 f"{gib(evaluation['bytes']['total'])} | {gib(train['chip_memory_bytes'])} | "
+                 f"{', '.join(result['attention']) or '-'} | {result['seconds']:.1f} |")
+  return "\n".join(lines) + "\n"
 
 
 def table(result: dict) -> str:
@@ -137,8 +226,6 @@ def table(result: dict) -> str:
            f"{result['device_kind']}), {result['dtype']}, batch {result['batch_size']}; "
            f"attention: {', '.join(result['attention']) or '-'}"]
   for name, step in result["steps"].items():
-    if name == "refused":
-      continue
     b = step["bytes"]
     flops = "-" if step["flops"] is None else f"{step['flops']:.3g}"
     lines.append(

@@ -11,6 +11,7 @@ What a run guarantees:
   unreadable checkpoint set aside (never replacing an earlier copy), the previous one used
   changed model         CheckpointMismatchError; every checkpoint stays where it was
   a failed save         CheckpointSaveError at the next step; the last complete one stays
+  another thread fails  ThreadFailed at the next step (research/training/thread_failures.py)
   NaN / Inf loss        NonFiniteLossError naming the step; the last good checkpoint stays
   a second run          WorkdirError while a live run holds the workdir
   refused before start  (bad input, a step that cannot fit) the workdir as it was found
@@ -33,7 +34,7 @@ import numpy as np
 
 from research import files
 from research.errors import ConfigError, RunFailed, WorkdirError
-from research.training import parallel, plots
+from research.training import parallel, plots, thread_failures
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.compile import (
@@ -218,6 +219,13 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease) 
           checkpoints.save(step, strategy.host_state(state), workload.train_data.get_state(),
                            _to_json(unlogged))
         checkpoints.raise_if_failed()
+        if thread_failures.failed():      # another thread's exception (launch.py records them)
+          checkpoints.raise_if_failed(wait=True)    # a failed save says so in its own words
+          latest = checkpoints.latest_step()
+          thread_failures.raise_if_failed(
+              f"stopping at step {step}: " + ("no checkpoint was written yet" if latest is None
+              else f"the last complete checkpoint (step {latest}) is kept; run the same "
+              "command again to resume from it"))
         if stopping:
           checkpoints.raise_if_failed(wait=True)
           raise Stopped(stopping, step, checkpoints.directory)

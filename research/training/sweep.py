@@ -24,9 +24,10 @@ def point_name(point: dict) -> str:
   return ",".join(f"{key}={value}" for key, value in point.items()).replace("/", "_")
 
 
-def point_configs(config, points, experiment: Experiment) -> list:
-  """Each point's config (config with the point's overrides), validated, before any point
-  runs; ConfigError naming the point (its index in get_sweep() and its overrides)."""
+def point_configs(config, points, experiment: Experiment, validate=validate) -> list:
+  """Each point's config (config with the point's overrides), checked by validate(config,
+  experiment) before any point runs; ConfigError naming the point (its index in get_sweep()
+  and its overrides)."""
   if not isinstance(points, (list, tuple)) or not all(isinstance(p, dict) for p in points):
     raise ConfigError(f"get_sweep() must return a list of {{config key: value}} dicts, got "
                       f"{points!r:.200}")

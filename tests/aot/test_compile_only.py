@@ -1,8 +1,11 @@
 """Every experiment compiled for hardware this machine does not have (`--compile_only`):
 each default config, the listops `lra` preset in bfloat16 and char_lm's transformer, for
 one v5e chip (Colab's TPU), a v4-8 slice (8 devices: the gradients' all-reduce) and an
-H100, each holding the kernel the attention registry chose for that platform; and, through
-launch.py, the report file, an oversized batch refused in one line, an unknown target.
+H100, each holding the kernel the attention registry chose for that platform; a sweep,
+each point into its own directory, or nothing written when a point is refused (cuDNN on a
+T4, named with its compute capability); and, through launch.py, the report file and an
+oversized batch refused in one line, the workdir left as found (the refusals that come
+before compiling: tests/training/test_launch_rules.py).
 
 LRA's model is compiled here for the v5e and the H100 only, in bfloat16 and with one of its
 six layers (its lengths, widths and kernels, the same in every layer; the layers are
@@ -17,7 +20,8 @@ import sys
 import pytest
 
 from research import experiments
-from research.training.compile_only import compile_only
+from research.errors import ConfigError
+from research.training.compile_only import compile_only, compile_sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -97,22 +101,51 @@ def test_launch_compile_only_writes_the_report_and_a_t4_gets_no_cudnn(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_oversized_batch_is_refused_in_one_line_naming_the_need_and_the_chip(tmp_path):
+def test_an_oversized_batch_is_refused_in_one_line_and_nothing_is_written(tmp_path):
+  workdir = tmp_path / "new"
   run = _launch("--config=experiments/char_lm.py:model=transformer",
-                "--config.train.batch_size=65536", "--compile_only=h100", f"--workdir={tmp_path}")
+                "--config.train.batch_size=65536", "--compile_only=h100", f"--workdir={workdir}")
   assert run.returncode == 2, run.stderr[-2000:]
   (line,) = run.stderr.strip().splitlines()
   assert line.startswith("error: the train step needs ") and "per device" in line
   assert "but h100 (NVIDIA H100 80GB HBM3) has 79.11 GiB" in line
   assert "config.train.batch_size (now 65536)" in line
-  report = json.loads((tmp_path / "compile_report.json").read_text())
-  assert report["steps"]["refused"] == line.removeprefix("error: ")
+  assert not workdir.exists()          # not even created: no report, no run.lock
 
 
-def test_an_unknown_target_is_refused_listing_the_targets(tmp_path):
-  run = _launch("--config=experiments/sequence_tasks.py", "--compile_only=tpu-v9",
-                f"--workdir={tmp_path}")
-  assert run.returncode == 2
-  (line,) = run.stderr.strip().splitlines()
-  assert line == ("error: --compile_only: unknown target 'tpu-v9'; choose one of: tpu-v5e-1, "
-                  "tpu-v5e-8, tpu-v4-1, tpu-v4-8, tpu-v6e-1, h100, h100x8, a100, l4, t4")
+SWEEP = [{"model.kind": "lstm"}, {"model.kind": "transformer"}]
+
+
+def _sequence_config(**overrides):
+  config, _ = launch.load_config(os.path.join(ROOT, "experiments/sequence_tasks.py"))
+  for key, value in {"data.length": 16, "model.hidden_size": 32, "model.num_layers": 1,
+                     "train.batch_size": 8, "model.dtype": "bfloat16", **overrides}.items():
+    parent, _, leaf = key.rpartition(".")
+    config[parent][leaf] = value
+  return config
+
+
+@pytest.mark.slow
+def test_a_sweep_compiles_each_point_into_its_directory_or_writes_nothing(tmp_path):
+  """For a T4 (compute capability 7.5): "auto" compiles both points; cuDNN's attention,
+  named, cannot run there, and the transformer point is refused after the LSTM compiled."""
+  experiment = experiments.get("sequence_tasks")
+  reports = compile_sweep(_sequence_config(), SWEEP, str(tmp_path / "auto"), experiment, "t4")
+  assert list(reports) == ["model.kind=lstm", "model.kind=transformer"]
+  for point, report in reports.items():
+    assert json.loads((tmp_path / "auto" / point / "compile_report.json").read_text()) == report
+    assert report["device_kind"] == "Tesla T4" and report["steps"]["train"]["fits"]
+  assert reports["model.kind=lstm"]["attention"] == []
+  assert reports["model.kind=transformer"]["attention"]
+  assert not set(reports["model.kind=transformer"]["attention"]) & {"cudnn", "pallas_gpu"}
+  rows = (tmp_path / "auto" / "compile_summary.md").read_text().splitlines()[2:]
+  assert [row.split(" | ")[0] for row in rows] == ["| model.kind=lstm", "| model.kind=transformer"]
+
+  with pytest.raises(ConfigError) as refused:
+    compile_sweep(_sequence_config(**{"model.implementation": "cudnn"}), SWEEP,
+                  str(tmp_path / "cudnn"), experiment, "t4")
+  assert str(refused.value).startswith(
+      "sweep point 1 (model.kind=transformer): config.model.implementation='cudnn' cannot do "
+      "this: t4 (Tesla T4), a GPU of compute capability 7.5 (cuDNN's flash attention needs 8.0 "
+      "or newer)")
+  assert not (tmp_path / "cudnn").exists()

@@ -76,10 +76,10 @@ def test_a_named_kernel_is_the_real_one_on_its_platform_and_refused_elsewhere(na
 def test_a_gpu_below_compute_capability_8_gets_neither_cudnn_nor_triton():
   """A T4 (7.5): cuDNN's flash attention and XLA's Triton need 8.0, so auto goes portable."""
   q, k, v = _inputs("bfloat16")
-  with registry.compiling_for_gpu((7, 5)):
+  with registry.compiling_for("gpu", (7, 5)):
     traced = jax.jit(lambda q: dot_product_attention(q, k, v, is_causal=True)).trace(q)
   assert not _kernels(traced.lower(lowering_platforms=("cuda",)))
-  with registry.compiling_for_gpu((8, 0)):
+  with registry.compiling_for("gpu", (8, 0)):
     traced = jax.jit(lambda q: dot_product_attention(q, k, v, is_causal=True)).trace(q)
   assert CUDNN in _kernels(traced.lower(lowering_platforms=("cuda",)))
 

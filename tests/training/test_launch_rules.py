@@ -1,0 +1,140 @@
+"""launch.py's rules for `--compile_only`: a target named or refused in one line listing the
+targets, and a workdir it cannot use refused before anything is compiled or written, left
+as found; first in process (launch.compile_target, compile_only), then as a user runs the
+commands (tests/training/forked_launch.py: one start-up for all, JAX's compile log on).
+None of this needs the compile toolchains (tests/aot compiles for real)."""
+
+import contextlib
+import os
+import sys
+
+import forked_launch
+import pytest
+import tiny
+
+from research.errors import ConfigError, WorkdirError
+from research.training import compile_only as compile_only_module
+from research.training import workdir as workdirs
+
+sys.path.insert(0, tiny.ROOT)
+import launch  # noqa: E402
+
+TARGETS = "tpu-v5e-1, tpu-v5e-8, tpu-v4-1, tpu-v4-8, tpu-v6e-1, h100, h100x8, a100, l4, t4"
+NO_TARGET = f"--compile_only needs a target: --compile_only=TARGET, one of: {TARGETS}"
+
+
+@pytest.mark.parametrize("flags", [
+    ["--compile_only"],                       # last: absl would say "missing value"
+    ["--compile_only", "--sweep"],            # absl would take --sweep for the target
+    ["--compile_only", "--workdir=/tmp/x"],
+    ["--compile_only="],                      # empty: it trained for real
+    ["--compile_only=  "],
+    ["--compile_only=t4", "--compile_only="],  # the last one counts, as absl reads it
+])
+def test_compile_only_without_a_target_is_refused_listing_the_targets(flags):
+  with pytest.raises(ConfigError) as refused:
+    launch.compile_target(["launch.py", "--config=c.py", *flags])
+  assert str(refused.value) == NO_TARGET
+
+
+@pytest.mark.parametrize("flags, target", [
+    ([], None),
+    (["--compile_only=t4"], "t4"),
+    (["--compile_only", "tpu-v4-8"], "tpu-v4-8"),   # absl's other spelling of a value
+    (["-compile_only=H100 "], "h100"),              # case and surrounding spaces aside
+    (["--compile_only= A100"], "a100"),
+    (["--compile_only=t4", "--compile_only=l4"], "l4"),
+    (["--", "--compile_only=t4"], None),            # after --: not a flag
+])
+def test_a_target_is_read_as_absl_reads_the_flag(flags, target):
+  assert launch.compile_target(["launch.py", *flags]) == target
+
+
+@pytest.mark.parametrize("value, hint", [("tpu-v9", ""),
+                                         ("tpuv5e1", " (did you mean 'tpu-v5e-1'?)"),
+                                         ("h100x4", " (did you mean 'h100x8'?)")])
+def test_an_unknown_target_is_refused_listing_the_targets_and_the_nearest(value, hint):
+  with pytest.raises(ConfigError) as refused:
+    launch.compile_target(["launch.py", f"--compile_only={value}"])
+  assert str(refused.value) == (f"--compile_only: unknown target {value!r}{hint}; choose one "
+                                f"of: {TARGETS}")
+
+
+def _tree(directory: str) -> dict:
+  """{relative path: content} of every file under directory; None if there is none."""
+  if not os.path.exists(directory):
+    return None
+  tree = {}
+  for parent, _, names in os.walk(directory):
+    for name in names:
+      with open(os.path.join(parent, name), "rb") as f:
+        tree[os.path.relpath(os.path.join(parent, name), directory)] = f.read()
+  return tree
+
+
+def _unreachable(*args, **kwargs):
+  raise AssertionError("a refused compile_only reached the toolchain or the compiler")
+
+
+@pytest.mark.parametrize("case", ["under a file", "a live run's", "report is a directory",
+                                  "sweep point is a file"])
+def test_a_workdir_compile_only_cannot_use_is_refused_before_compiling_left_as_found(
+    case, tmp_path, monkeypatch):
+  monkeypatch.setattr(compile_only_module, "target_devices", _unreachable)
+  monkeypatch.setattr(compile_only_module, "compile_report", _unreachable)
+  config, points = tiny.config(), None
+  (tmp_path / "file").write_text("x")
+  workdir = str(tmp_path / "run")
+  if case == "under a file":
+    workdir = str(tmp_path / "file" / "sub")
+    message = f"workdir {workdir} cannot be created (Not a directory)"
+  elif case == "report is a directory":
+    os.makedirs(os.path.join(workdir, "compile_report.json"))
+    message = f"the run writes a file compile_report.json there, and {workdir}/compile_report.json"
+  elif case == "sweep point is a file":
+    points = [{"model.hidden_size": 8}, {"model.hidden_size": 16}]
+    os.makedirs(workdir)
+    (tmp_path / "run" / "model.hidden_size=16").write_text("x")
+    message = "the run writes a directory model.hidden_size=16 there"
+  else:
+    message = f"workdir {workdir} is in use by a live run (pid {os.getpid()} on "
+  with workdirs.hold(workdir) if case == "a live run's" else contextlib.nullcontext():
+    before = _tree(str(tmp_path))
+    with pytest.raises(WorkdirError) as refused:
+      compile_only_module.compile_sweep(config, points, workdir, tiny.task(), "t4")
+    assert message in str(refused.value)
+    assert _tree(str(tmp_path)) == before
+
+
+@pytest.mark.slow
+def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_found(tmp_path):
+  root = str(tmp_path)
+  (tmp_path / "file").write_text("x")
+  live = os.path.join(root, "live")
+
+  def command(name: str, *flags: str, workdir: str | None = None) -> list[str]:
+    return [*tiny.launch_command(workdir or os.path.join(root, name))[2:], *flags]
+
+  cases = {
+      "no target, last": (command("a", "--compile_only"), NO_TARGET),
+      "no target, then a flag": (command("b", "--compile_only", "--sweep"), NO_TARGET),
+      "empty target": (command("c", "--compile_only="), NO_TARGET),
+      "unknown target": (command("d", "--compile_only=tpu-v5e"),
+                         f"--compile_only: unknown target 'tpu-v5e' (did you mean 'tpu-v5e-8'?); "
+                         f"choose one of: {TARGETS}"),
+      "workdir under a file": (command("e", "--compile_only=t4", workdir=f"{root}/file/sub"),
+                               f"workdir {root}/file/sub cannot be created (Not a directory)"),
+      "a live run's workdir": (command("f", "--compile_only=tpu-v5e-1", "--sweep", workdir=live),
+                               f"workdir {live} is in use by a live run (pid {os.getpid()} on "),
+  }
+  output = os.path.join(root, "output")
+  os.makedirs(output)
+  with workdirs.hold(live):
+    before = _tree(root)
+    results = forked_launch.run_all({name: argv for name, (argv, _) in cases.items()}, output)
+    assert {k: v for k, v in _tree(root).items() if not k.startswith("output")} == before
+  for name, (_, message) in cases.items():
+    status, _, stderr = results[name]
+    assert status == 2, (name, stderr[-2000:])
+    (line,) = stderr.strip().splitlines()          # nothing compiled: JAX logs every compile
+    assert line.startswith(f"error: {message}"), (name, line)
