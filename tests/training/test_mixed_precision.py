@@ -27,7 +27,7 @@ EXPERIMENTS = {  # name: config with training settings for a short run
     "sequence_tasks lstm": lambda: tiny.config(**{"data.length": 20}),
     "sequence_tasks transformer": lambda: tiny.config(**{
         "model.kind": "transformer", "data.length": 20, "model.num_heads": 2,
-        "train.learning_rate": 3e-3}),
+        "model.mlp_size": 64, "train.learning_rate": 3e-3}),
     "nmt_dates": lambda: apply_overrides(nmt_dates.get_config(), NMT_TINY),
 }
 STEPS = 80
