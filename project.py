@@ -1,16 +1,26 @@
 """Set up the project's virtual environment if needed, then run one task in it.
 
     python3 project.py main     # the main job: launch.py's default experiment (nmt_dates)
-    python3 project.py test     # the test suite (extra arguments go to pytest)
-    python3 project.py bench [recurrent|attention|attention_bound|compile_targets|accelerator|lra_efficiency] [args]
+    python3 project.py test     # the linter, then the whole test suite (arguments: pytest's)
+    python3 project.py quick    # the linter, then the unit tests alone, without the compile
+                                # toolchains: no `slow` or `aot` test (about 2 minutes)
+    python3 project.py bench [NAME [arguments]]   # NAME: recurrent, attention, attention_bound,
+                                # compile_targets, accelerator, lra_efficiency
 
-A benchmark's output is printed and also written to results/NAME.md (the command and the
-commit in its first line), where the README's figures are quoted from.
+`test` and `quick` run `ruff check .` first (the configuration in pyproject.toml) and stop
+there when it fails. Plain `bench` runs recurrent, attention and attention_bound; `bench NAME`
+runs benchmarks/NAME.py with the arguments that made results/NAME.md, and writes its output
+there (the command and the commit in its first line: the docs quote these files) when it
+ends with exit status 0; a run that failed or was refused leaves the committed file as it
+was. `bench NAME arguments` with other arguments only prints (a different table is no
+replacement). `bench accelerator` writes its own report (runs/accelerator_report.md).
 
 Needs only Python >= 3.11 and pip. The first call creates `.venv` and installs the
-package (with the `test` extra and `aot`, the toolchains that compile for TPUs and GPUs
-from a CPU, for `test` and `bench`); later calls reinstall only
-when pyproject.toml changed, so they start at once. On an accelerator, name its extra:
+package with what the task needs: `test` and `bench` the `test` extra and `aot`, the
+toolchains that compile for TPUs and GPUs from a CPU (about 1.5 GB); `quick` the `test`
+extra alone. Later calls reinstall only when pyproject.toml changed (an environment with
+more extras serves a task that needs fewer), so they start at once. On an accelerator,
+name its extra:
 
     RESEARCH_EXTRAS=cuda python3 project.py main    # NVIDIA GPU (jax[cuda13]); or tpu
 """
@@ -19,6 +29,7 @@ import datetime
 import hashlib
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import venv
@@ -27,22 +38,44 @@ ROOT = pathlib.Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
+PYTEST = ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]   # one worker per core;
+# tests of one xdist_group share a worker
 TASKS = {
-    # name: (pip extras, command run inside the environment)
-    "main": ("", ["launch.py"]),   # extra arguments go to launch.py
-    # one worker per core (pytest-xdist); tests of one xdist_group share a worker
-    "test": ("test,aot", ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]),
-    "bench": ("test,aot", []),   # benchmarks/NAME.py (`benchmark_commands`); aot: deviceless compiles
+    # name: (pip extras, command run inside the environment; extra arguments go after it)
+    "main": ("", ["launch.py"]),
+    "test": ("test,aot", PYTEST),
+    "quick": ("test", [*PYTEST, "-m", "not slow and not aot"]),   # markers: pyproject.toml
+    "bench": ("test,aot", []),   # benchmarks/NAME.py; aot: deviceless compiles
 }
+LINTED = ("test", "quick")   # `ruff check .` first
+LINT = ["-m", "ruff", "check", "."]
+# NAME: the arguments of the command results/NAME.md records
+RECORDED = {"recurrent": ["--section", "all"], "attention": [], "attention_bound": [],
+            "compile_targets": [], "lra_efficiency": []}
 BENCHMARKS = ("recurrent", "attention", "attention_bound")   # plain `bench` runs these
 ON_REQUEST = ("compile_targets", "accelerator", "lra_efficiency")   # by name only (minutes each)
 
 
-def benchmark_commands(args: list[str]) -> list[list[str]]:
-  """`bench NAME [args]` runs benchmarks/NAME.py with args; plain `bench` runs BENCHMARKS."""
-  if args and args[0] in BENCHMARKS + ON_REQUEST:
-    return [[f"benchmarks/{args[0]}.py", *args[1:]]]
-  return [[f"benchmarks/{name}.py", *args] for name in BENCHMARKS]
+class UsageError(ValueError):
+  """A command line project.py refuses (one `error:` line, exit status 2)."""
+
+
+def benchmark_runs(args: list[str]) -> list[tuple[list[str], pathlib.Path | None]]:
+  """(command, the file its output is written to, or None) of each benchmark `bench args`
+  runs: plain `bench` runs BENCHMARKS, `bench NAME` NAME with its RECORDED arguments, `bench
+  NAME ARGS` NAME with ARGS. Only a run with the RECORDED arguments writes results/NAME.md."""
+  if not args:
+    return [run for name in BENCHMARKS for run in benchmark_runs([name])]
+  name, *arguments = args
+  if name not in BENCHMARKS + ON_REQUEST:
+    raise UsageError(f"unknown benchmark {name!r}; choose one of: "
+                     f"{', '.join(BENCHMARKS + ON_REQUEST)} (python3 project.py bench "
+                     "[NAME [arguments]])")
+  if name in RECORDED and not arguments:
+    arguments = RECORDED[name]
+  recorded = name in RECORDED and arguments == RECORDED[name]
+  return [([f"benchmarks/{name}.py", *arguments],
+           ROOT / "results" / f"{name}.md" if recorded else None)]
 
 
 def run_recorded(command: list[str], path: pathlib.Path) -> int:
@@ -50,7 +83,7 @@ def run_recorded(command: list[str], path: pathlib.Path) -> int:
   command succeeds), headed by the command line, the commit and the date."""
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                           capture_output=True).stdout.strip() or "no git"
-  lines = [f"<!-- python3 project.py bench {' '.join([path.stem, *command[1:]])}; commit "
+  lines = [f"<!-- python3 project.py bench {shlex.join([path.stem, *command[1:]])}; commit "
            f"{commit}; {datetime.date.today()} -->\n"]
   with subprocess.Popen([str(PYTHON), *command], cwd=ROOT, stdout=subprocess.PIPE,
                         text=True) as process:
@@ -67,12 +100,11 @@ def run_recorded(command: list[str], path: pathlib.Path) -> int:
 
 
 def ensure_environment(extras: str) -> None:
-  """Creates .venv and installs `.[extras]` (and $RESEARCH_EXTRAS) unless pyproject.toml
-  is unchanged."""
+  """Creates .venv and installs `.[extras]` (and $RESEARCH_EXTRAS) unless an installation of
+  those extras, or more, from this pyproject.toml is there already."""
   extras = ",".join(filter(None, [extras, *os.environ.get("RESEARCH_EXTRAS", "").split(",")]))
   digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-  stamp = VENV / f".installed-{extras or 'base'}"
-  if stamp.exists() and stamp.read_text() == digest and PYTHON.exists():
+  if PYTHON.exists() and installed(extras, digest):
     return
   if not PYTHON.exists():
     print("Creating .venv ...", flush=True)
@@ -83,7 +115,15 @@ def ensure_environment(extras: str) -> None:
   subprocess.run([*pip, "-e", target], cwd=ROOT, check=True)
   if "aot" in extras.split(","):
     subprocess.run([*pip, *aot_pins()], cwd=ROOT, check=True)
-  stamp.write_text(digest)
+  (VENV / f".installed-{extras or 'base'}").write_text(digest)
+
+
+def installed(extras: str, digest: str) -> bool:
+  """Whether .venv holds `extras` (comma-separated), or more, installed from the
+  pyproject.toml of this `digest`: each installation leaves .installed-EXTRAS holding it."""
+  wanted = set(extras.split(",")) - {""}
+  return any(wanted <= set(stamp.name.removeprefix(".installed-").split(","))
+             and stamp.read_text() == digest for stamp in VENV.glob(".installed-*"))
 
 
 def aot_pins() -> list[str]:
@@ -96,16 +136,35 @@ def aot_pins() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-  if not argv or argv[0] not in TASKS:
+  if not argv:
     print(__doc__.strip())
-    print(f"\nunknown or missing task; choose one of: {', '.join(TASKS)}", file=sys.stderr)
+    print(f"error: name a task: {', '.join(TASKS)}", file=sys.stderr)
     return 2
-  extras, command = TASKS[argv[0]]
+  task, *args = argv
+  try:
+    if task not in TASKS:
+      raise UsageError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+    runs = benchmark_runs(args) if task == "bench" else []
+  except UsageError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  extras, command = TASKS[task]
   ensure_environment(extras)
-  if argv[0] != "bench":
-    return subprocess.call([str(PYTHON), *command, *argv[1:]], cwd=ROOT)
-  for command in benchmark_commands(argv[1:]):
-    status = run_recorded(command, ROOT / "results" / f"{pathlib.Path(command[0]).stem}.md")
+  if task in LINTED and (status := subprocess.call([str(PYTHON), *LINT], cwd=ROOT)):
+    print(f"error: `ruff check .` failed (exit {status}); the tests did not run",
+          file=sys.stderr)
+    return status
+  if task != "bench":
+    return subprocess.call([str(PYTHON), *command, *args], cwd=ROOT)
+  for command, path in runs:
+    if path is None:
+      status = subprocess.call([str(PYTHON), *command], cwd=ROOT)
+      name = pathlib.Path(command[0]).stem
+      if name in RECORDED and status == 0:
+        print(f"(printed only: results/{name}.md records `python3 project.py bench "
+              f"{shlex.join([name, *RECORDED[name]])}`)", file=sys.stderr)
+    else:
+      status = run_recorded(command, path)
     if status:
       return status
   return 0

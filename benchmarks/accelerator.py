@@ -33,11 +33,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import arguments  # noqa: E402
+
 from research import jax_start  # noqa: E402
 
-jax_start.cpu_unless_accelerators()
-
-import jax  # noqa: E402
+with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
+  jax_start.cpu_unless_accelerators()
+  import jax
 
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 # Seconds each section may take (the main job: each dtype); 555 in all.
@@ -92,11 +94,29 @@ def main_job(dtype: str, cpu: bool) -> str:
           f"{seconds:.0f} |")
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--output", default=os.path.join(ROOT, "runs", "accelerator_report.md"))
+def report_path(text: str) -> str:
+  """A file this can write at the end: not a directory, under a directory (created if
+  missing) that no file stands in the way of."""
+  path = os.path.abspath(text) if text else ""
+  parent = os.path.dirname(path)
+  while parent and not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not path or os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+    raise argparse.ArgumentTypeError(f"{text!r} is not a file path this can write (a directory, "
+                                     "or under a file or an unwritable directory)")
+  return path
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = arguments.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--output", type=report_path,
+                      default=os.path.join(ROOT, "runs", "accelerator_report.md"))
   parser.add_argument("--suite", action="store_true", help="run the whole suite on a CPU too")
-  args = parser.parse_args()
+  return arguments.parse(parser, argv)
+
+
+def main():
+  args = parse_arguments()
   backend = jax.default_backend()
   cpu = backend == "cpu"
   parts = [f"# Accelerator report, {datetime.date.today()}", "",

@@ -26,13 +26,18 @@ import os
 import subprocess
 import sys
 
-import attention_gpu
-import jax
-import jax.numpy as jnp
-import numpy as np
-from timing import median_ms
+import arguments
 
-from research.attention import dot_product_attention
+from research import jax_start
+
+with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
+  import attention_gpu
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from timing import median_ms
+
+  from research.attention import dot_product_attention
 
 HEADS, HEAD_DIM, WINDOW = 8, 64, 256
 DENSE_LIMIT_BYTES = 6 * 2**30       # skip dense / jax.nn when B·H·L² float32 weights exceed this
@@ -108,13 +113,20 @@ def torch_peak_bytes(batch: int, length: int) -> int:
   return int(out.stdout.split()[-1])
 
 
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = arguments.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--lengths", type=arguments.positive_ints, default="512,2048,8192,16384",
+                      help="comma list of L (CPU)")
+  parser.add_argument("--repeats", type=arguments.positive_int, default=3)
+  parser.add_argument("--pause", type=arguments.non_negative_float, default=0.2,
+                      help="seconds idle before each call")
+  parser.add_argument("--inner", type=arguments.positive_int, default=10,
+                      help="steps per timed call (GPU)")
+  return arguments.parse(parser, argv)
+
+
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--lengths", default="512,2048,8192,16384")
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--pause", type=float, default=0.2, help="seconds idle before each call")
-  parser.add_argument("--inner", type=int, default=10, help="steps per timed call (GPU)")
-  args = parser.parse_args()
+  args = parse_arguments()
   if jax.default_backend() == "gpu":
     attention_gpu.main(args)
     return
@@ -124,7 +136,7 @@ def main():
         f"self-attention fwd+bwd, H={HEADS}, d={HEAD_DIM}; medians of {args.repeats} interleaved rounds\n")
   print("| B | L | implementation | time ms | peak MiB | time / torch |")
   print("|---|---|---|---|---|---|")
-  for length in (int(x) for x in args.lengths.split(",")):
+  for length in args.lengths:
     batch = 1 if length > 8192 else 4
     q, k, v, cotangent = inputs(batch, length)
     steps, peaks = {}, {}

@@ -19,13 +19,18 @@ interleaved run with our chunked attention (block 256) and torch's fused
 import argparse
 import os
 
-import jax
-import jax.numpy as jnp
-from attention import HEADS, inputs, jax_step, torch_step
-from jax import lax
-from timing import median_ms
+import arguments
 
-from research.attention import dot_product_attention
+from research import jax_start
+
+with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
+  import jax
+  import jax.numpy as jnp
+  from attention import HEADS, inputs, jax_step, torch_step
+  from jax import lax
+  from timing import median_ms
+
+  from research.attention import dot_product_attention
 
 BLOCK = 256
 
@@ -53,11 +58,23 @@ def matmuls_only(q, k, v, d_out):
   return lax.fori_loop(0, len(pairs), pair, (zeros,) * 4)
 
 
+def tiled_length(text: str) -> int:
+  """A positive multiple of BLOCK: the tiles cover every position."""
+  if not text.strip().isdigit() or int(text) < BLOCK or int(text) % BLOCK:
+    raise argparse.ArgumentTypeError(f"must be a positive multiple of {BLOCK}, got {text!r}")
+  return int(text)
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = arguments.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--length", type=tiled_length, default=2048,
+                      help=f"L, a multiple of the tile size {BLOCK}")
+  parser.add_argument("--repeats", type=arguments.positive_int, default=5)
+  return arguments.parse(parser, argv)
+
+
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--length", type=int, default=2048)
-  parser.add_argument("--repeats", type=int, default=5)
-  args = parser.parse_args()
+  args = parse_arguments()
   import torch  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(os.cpu_count())
   q, k, v, cotangent = inputs(4, args.length)

@@ -1,7 +1,7 @@
 """Every experiment compiled for accelerators this machine does not have: the README's table.
 
-    python3 project.py bench compile_targets [--targets tpu-v5e-1,tpu-v4-8,h100,t4]
-        [--attention_targets tpu-v5e-1]
+    python3 project.py bench compile_targets      # the table of results/compile_targets.md
+    python benchmarks/compile_targets.py --targets t4 --experiments nmt_dates --attention_targets ''
 
 For each experiment's default config (and the listops `lra` preset in bfloat16, char_lm's
 transformer), `research.training.compile_only` compiles the train and eval steps for each
@@ -11,7 +11,8 @@ and this prints one markdown row per (experiment, target): whether the
 train step fits one device, its per-device bytes against the device's, the attention
 implementation each platform runs, the custom-call kernels, collectives, and the seconds the
 compile took on this machine. Nothing is timed against a peer: compile seconds vary with
-the machine's load.
+the machine's load. A step that does not fit its target is a row ("no", and what it needs);
+a target whose toolchain is missing here (the `aot` extra) refuses the run before it starts.
 """
 
 import argparse
@@ -23,16 +24,19 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import arguments  # noqa: E402
+
 from research import jax_start  # noqa: E402
 
-jax_start.cpu_unless_accelerators()
-
-import launch  # noqa: E402
-from research import experiments  # noqa: E402
-from research.errors import ConfigError  # noqa: E402
-from research.models.self_attention import ATTENTIONS  # noqa: E402
-from research.training.compile import gib  # noqa: E402
-from research.training.compile_only import compile_only  # noqa: E402
+with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
+  jax_start.cpu_unless_accelerators()
+  import launch
+  from research import experiments
+  from research.aot import targets
+  from research.errors import ConfigError
+  from research.models.self_attention import SELF_ATTENTIONS
+  from research.training.compile import gib
+  from research.training.compile_only import compile_only
 
 LRA_BF16 = {"model.dtype": "bfloat16"}
 EXPERIMENTS = {
@@ -46,7 +50,7 @@ EXPERIMENTS = {
 }
 ATTENTION_ROWS = {f"listops (lra bf16) {attention}":
                   ("experiments/listops.py", {**LRA_BF16, "model.attention": attention})
-                  for attention in ATTENTIONS if attention != "full"}
+                  for attention in SELF_ATTENTIONS if attention != "full"}
 SHORT = {"tpu_custom_call": "Mosaic", "__gpu$xla.gpu.triton": "Triton",
          "__cudnn$fmhaSoftmax": "cuDNN fmha", "__cublas$gemm": "cuBLAS",
          "__cublas$lt$matmul": "cuBLASLt"}
@@ -58,8 +62,8 @@ def row(name: str, target: str, workdir: str) -> str:
   for key, value in overrides.items():
     parent, _, leaf = key.rpartition(".")
     config[parent][leaf] = value
-  if config.train.batch_size % 8 and target.endswith("-8"):
-    config.train.batch_size -= config.train.batch_size % 8
+  devices = len(targets.devices_of(targets.get(target)))   # the batch splits over them
+  config.train.batch_size -= config.train.batch_size % devices
   start = time.perf_counter()
   try:
     report = compile_only(config, workdir, experiments.get(config.experiment), target)
@@ -73,21 +77,38 @@ def row(name: str, target: str, workdir: str) -> str:
           f"{', '.join(train['collectives']) or '-'} | {report['seconds']:.0f} |")
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--targets", default="tpu-v5e-1,tpu-v4-8,h100,t4")
-  parser.add_argument("--experiments", default=",".join(EXPERIMENTS))
-  parser.add_argument("--attention_targets", default="tpu-v5e-1",
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+  """The arguments, each target's toolchain checked too: a table of targets this machine
+  cannot compile for would be a table of refusals."""
+  parser = arguments.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--targets", type=arguments.names_of(targets.TARGETS),
+                      default="tpu-v5e-1,tpu-v4-8,h100,t4")
+  parser.add_argument("--experiments", type=arguments.names_of(EXPERIMENTS),
+                      default=",".join(EXPERIMENTS))
+  parser.add_argument("--attention_targets",
+                      type=arguments.names_of(targets.TARGETS, allow_empty=True),
+                      default="tpu-v5e-1",
                       help="targets of the lra preset with each other attention ('': none)")
-  args = parser.parse_args()
+  return arguments.parse(parser, argv, check_toolchains)
+
+
+def check_toolchains(parser: arguments.Parser, args: argparse.Namespace) -> None:
+  """Refuses targets this machine cannot compile for (the `aot` extra missing)."""
+  for name in dict.fromkeys([*args.targets, *args.attention_targets]):
+    try:
+      targets.devices_of(targets.get(name))
+    except targets.TargetUnavailable as error:
+      parser.error(f"argument --targets: {error}")
+
+
+def main():
+  args = parse_arguments()
   print("| experiment | target | fits | train step per device | attention | kernels | "
         "collectives | compile s |")
   print("|---|---|---|---|---|---|---|---|")
   with tempfile.TemporaryDirectory() as workdir:
-    cases = [(name, target) for name in args.experiments.split(",")
-             for target in args.targets.split(",")]
-    cases += [(name, target) for name in ATTENTION_ROWS
-              for target in filter(None, args.attention_targets.split(","))]
+    cases = [(name, target) for name in args.experiments for target in args.targets]
+    cases += [(name, target) for name in ATTENTION_ROWS for target in args.attention_targets]
     for name, target in cases:
       print(row(name, target, workdir), flush=True)
 

@@ -5,7 +5,7 @@
 
 The model is ListOps' `lra` preset (`experiments/listops.py`: 6 post-norm layers, width
 512, 8 heads, MLP 2048, LRA's windows and projections), one per attention of
-`research.models.self_attention.ATTENTIONS`, on token inputs of length L. The baseline,
+`research.models.self_attention.SELF_ATTENTIONS`, on token inputs of length L. The baseline,
 "full (dense)", is LRA's vanilla Transformer: the [L, L] weights materialised. "full" is
 the same attention as `implementation="auto"` runs it (on a CPU `chunked`, exact in O(n)
 memory; on a TPU splash attention), so it is an efficient variant of its own. Its training step
@@ -19,7 +19,10 @@ every attention). For each length it prints, relative to full (dense) at that le
   v4 chip   the same compiled for one TPU v4 chip (deviceless, `research.aot`) with
             `--tpu_batch` sequences, at `--tpu_lengths` (default 4K: each compile takes
             about a minute on 2 cores): per-chip bytes, and whether it fits the chip's HBM
-            (where XLA refuses the step, "over:" what it needs and the chip has)
+            (where XLA refuses the step, "over:" what it needs and the chip has); without
+            the chip's toolchain (the `aot` extra) the run is refused before it starts,
+            `--tpu ''` leaves the column out, and a compile that fails for another reason
+            ends the run with exit status 1 after the table
 
 and at `--memory_lengths` (compiled, not run) each attention's memory at the longest
 length over its memory at the shortest, the O(n) check (linear: the ratio of the lengths).
@@ -36,19 +39,21 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import arguments  # noqa: E402
+
 from research import jax_start  # noqa: E402
 
-jax_start.cpu_unless_accelerators()
+with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
+  jax_start.cpu_unless_accelerators()
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from timing import median_ms
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-from timing import median_ms  # noqa: E402
-
-import launch  # noqa: E402
-from research.aot import report, targets  # noqa: E402
-from research.models import EncoderClassifier  # noqa: E402
-from research.models.self_attention import ATTENTIONS  # noqa: E402
+  import launch
+  from research.aot import report, targets
+  from research.models import EncoderClassifier
+  from research.models.self_attention import SELF_ATTENTIONS
 
 VOCAB, CLASSES = 32, 10
 
@@ -57,7 +62,7 @@ BASELINE = "full (dense)"
 
 
 def model_of(variant: str, length: int) -> EncoderClassifier:
-  """The listops `lra` preset's model with the attention `variant` (an entry of ATTENTIONS
+  """The listops `lra` preset's model with the attention `variant` (an entry of SELF_ATTENTIONS
   or BASELINE), for inputs of `length` tokens."""
   config, _ = launch.load_config(os.path.join(ROOT, "experiments", "listops.py"))
   fields = config.model.to_dict()
@@ -123,26 +128,48 @@ def refusal(error: Exception) -> str:
   return f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--lengths", default="1024,2048,3072,4096")
-  parser.add_argument("--memory_lengths", default="4096,16384")
-  parser.add_argument("--attentions", default=",".join((BASELINE, *ATTENTIONS)))
-  parser.add_argument("--batch", type=int, default=1)
-  parser.add_argument("--tpu", default="tpu-v4-1", help="compile-only target ('' to skip)")
-  parser.add_argument("--tpu_batch", type=int, default=32)
-  parser.add_argument("--tpu_lengths", default="4096",
-                      help="lengths compiled for the chip (about a minute each on 2 cores)")
-  parser.add_argument("--repeats", type=int, default=3)
-  args = parser.parse_args()
-  attentions = args.attentions.split(",")
-  tpu_lengths = set(map(int, args.tpu_lengths.split(",")))
-  device = None
+TPUS = [name for name, target in targets.TARGETS.items() if target.platform == "tpu"]
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+  """The arguments, checked (a column of refusals is no measurement)."""
+  parser = arguments.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--lengths", type=arguments.positive_ints, default="1024,2048,3072,4096")
+  parser.add_argument("--memory_lengths", type=arguments.positive_ints, default="4096,16384",
+                      help="two lengths, shorter first: the memory ratio's O(n) check")
+  parser.add_argument("--attentions", type=arguments.names_of((BASELINE, *SELF_ATTENTIONS)),
+                      default=",".join((BASELINE, *SELF_ATTENTIONS)))
+  parser.add_argument("--batch", type=arguments.positive_int, default=1)
+  parser.add_argument("--tpu", type=arguments.name_of(TPUS, allow_empty=True),
+                      default="tpu-v4-1", help="compile-only target ('' to skip)")
+  parser.add_argument("--tpu_batch", type=arguments.positive_int, default=32)
+  parser.add_argument("--tpu_lengths", type=arguments.positive_ints, default="4096",
+                      help="lengths of --lengths compiled for the chip (about a minute each on "
+                           "2 cores)")
+  parser.add_argument("--repeats", type=arguments.positive_int, default=3)
+  return arguments.parse(parser, argv, check_lengths_and_chip)
+
+
+def check_lengths_and_chip(parser: arguments.Parser, args: argparse.Namespace) -> None:
+  """Refuses --memory_lengths that are not two lengths, the shorter first, --tpu_lengths
+  outside --lengths and a --tpu chip this machine cannot compile for."""
+  if len(args.memory_lengths) != 2 or args.memory_lengths[0] >= args.memory_lengths[1]:
+    parser.error(f"argument --memory_lengths: must be two lengths, the shorter first, got "
+                 f"{','.join(map(str, args.memory_lengths))}")
+  if args.tpu and (others := [n for n in args.tpu_lengths if n not in args.lengths]):
+    parser.error(f"argument --tpu_lengths: {', '.join(map(str, others))} not among --lengths "
+                 f"({','.join(map(str, args.lengths))})")
   if args.tpu:
     try:
-      device = targets.devices_of(targets.get(args.tpu))[0]
+      targets.devices_of(targets.get(args.tpu))
     except targets.TargetUnavailable as error:
-      print(f"({args.tpu} skipped: {error})")
+      parser.error(f"argument --tpu: {error}; or --tpu='' to leave the chip out")
+
+
+def main():
+  args = parse_arguments()
+  attentions, tpu_lengths = args.attentions, set(args.tpu_lengths)
+  device = targets.devices_of(targets.get(args.tpu))[0] if args.tpu else None
   gib = lambda n: f"{n / 2**30:.2f} GiB"
 
   print(f"Training step, batch {args.batch} here, {args.tpu_batch} on the {args.tpu or '-'} "
@@ -150,7 +177,8 @@ def main():
   print("| L | attention | speed | memory | steps/s | memory here | v4 chip | fits |")
   print("|---|---|---|---|---|---|---|---|")
   cpu_bytes = {}   # (attention, length) -> bytes of the step compiled here
-  for length in map(int, args.lengths.split(",")):
+  failed = []      # chip compiles that failed for another reason than the chip's HBM
+  for length in args.lengths:
     steps = {}
     for name in attentions:
       steps[name], cpu_bytes[name, length] = compiled_step(name, args.batch, length)
@@ -165,12 +193,14 @@ def main():
           fits = "yes" if chip_bytes <= targets.memory_bytes(targets.get(args.tpu)) else "no"
         except Exception as error:  # noqa: BLE001 - XLA refuses what exceeds the chip's HBM
           chip, fits = refusal(error), "no"
+          if not chip.startswith("over:"):
+            failed.append(f"{name} at L = {length}")
       speed = ms.get(BASELINE, float("nan")) / ms[name]
       memory = here[name] / here[BASELINE] if BASELINE in here else float("nan")
       print(f"| {length} | {name} | {speed:.2f}× | {memory:.0%} | {1e3 / ms[name]:.2f} | "
             f"{gib(here[name])} | {chip} | {fits} |", flush=True)
 
-  short, long = map(int, args.memory_lengths.split(","))
+  short, long = args.memory_lengths
   print(f"\nMemory of the compiled step here at L = {long} over L = {short} (linear: "
         f"{long / short:.0f}×)\n")
   print(f"| attention | {short} | {long} | ratio |")
@@ -180,6 +210,8 @@ def main():
              for n in (short, long)]
     print(f"| {name} | {gib(sizes[0])} | {gib(sizes[1])} | {sizes[1] / sizes[0]:.1f}× |",
           flush=True)
+  if failed:   # a table with failed cells is no result (project.py keeps the committed one)
+    sys.exit(f"error: the {args.tpu} compile failed for {', '.join(failed)} (see the table)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Forward + backward time of our recurrent layers against cuDNN, PyTorch and flax.linen.
 
-    python3 project.py bench recurrent             # CPU defaults (a few minutes on 2 cores)
+    python3 project.py bench recurrent             # both tables: results/recurrent.md
     python benchmarks/recurrent.py --shapes base --repeats 15
     python benchmarks/recurrent.py               # on a GPU: the four GPU rows, float32 + bfloat16
     python benchmarks/recurrent.py --shapes all --cells lstm --dtypes float32,bfloat16
@@ -66,35 +66,37 @@ ratios are stepwise / parallel (above 1.0: the parallel form is faster) and GRU 
 and a last line checks the goal: the parallel form at least 2× faster than the stepwise
 one at the longest length. Then each of those steps at `--compile_lengths` is compiled for
 `--compile_target` (a TPU v5e chip by default) without the chip (`research.aot`), and
-XLA's per-chip bytes and FLOP count are printed; skipped with the reason where the
-toolchain (libtpu, the `aot` extra) is missing.
+XLA's per-chip bytes and FLOP count are printed; where the target's toolchain (libtpu, the
+`aot` extra) is missing the run is refused before it starts (`--compile_target=''` leaves
+the compile out).
 """
 
 import argparse
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch share a GPU
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=wrong-import-position
+import arguments  # noqa: E402
+
 from research import jax_start  # noqa: E402
 
-jax_start.cpu_unless_accelerators()   # the compile-only toolchains, without probing for chips
+with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
+  jax_start.cpu_unless_accelerators()   # the compile-only toolchains, without probing for chips
+  import flax
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+  from jax.sharding import SingleDeviceSharding
+  from timing import median_ms
 
-from typing import Any  # noqa: E402
-
-import flax  # noqa: E402
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from jax.sharding import SingleDeviceSharding  # noqa: E402
-from timing import median_ms  # noqa: E402
-
-from research import recurrent  # noqa: E402
-from research.aot import report, targets  # noqa: E402
+  from research import recurrent
+  from research.aot import report, targets
 
 SHAPES = {  # name: (B, T, D, H, layers, bidirectional)
     "base": (32, 128, 256, 256, 1, False),
@@ -261,16 +263,15 @@ def header(backend: str, device: torch.device, repeats: int) -> str:
 
 def cells_section(args, backend: str, device: torch.device):
   """The table of our RNN / LSTM / GRU layers against their peers (module docstring)."""
-  shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
   print(header(backend, device, args.repeats) + "\n")
   print("| shape B,T,D,H,layers,bidir | cell | dtype | ours ms | peer | peer ms | ours / peer |")
   print("|---|---|---|---|---|---|---|")
   not_run, goal_ratios = {}, []
-  for shape in shapes:
+  for shape in args.shapes:
     b, t, d, h, layers, bidirectional = SHAPES[shape]
     shape_text = f"{b},{t},{d},{h},{layers},{'yes' if bidirectional else 'no'}"
-    for cell in args.cells.split(","):
-      for dtype in args.dtypes.split(","):
+    for cell in args.cells:
+      for dtype in args.dtypes:
         fns, notes = peers(shape, cell, dtype, backend, device)
         ms = median_ms(fns, args.repeats, args.pause)
         row = f"| {shape_text} | {cell} | {dtype} | {ms['ours']:.2f} |"
@@ -328,12 +329,8 @@ def linear_compiled(shape: tuple[int, int, int], lengths: list[int], target_name
   batch, width, states = shape
   print(f"\nCompiled for {target_name} without the chip (research.aot), forward + backward, "
         f"x [{batch}, T, {width}], N = {states}:\n")
-  try:
-    target = targets.get(target_name)
-    device = targets.devices_of(target)[0]
-  except (ValueError, targets.TargetUnavailable) as error:
-    print(f"skipped: {error}")
-    return
+  target = targets.get(target_name)   # its toolchain checked by parse_arguments
+  device = targets.devices_of(target)[0]
   sharding = SingleDeviceSharding(device)
   on_chip = lambda tree: jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
@@ -355,53 +352,72 @@ def linear_compiled(shape: tuple[int, int, int], lengths: list[int], target_name
 
 def linear_section(args) -> None:
   """LRU and S5, parallel against stepwise, and our GRU (module docstring)."""
-  shape = tuple(int(v) for v in args.linear_shape.split(","))
-  lengths = [int(t) for t in args.lengths.split(",")]
+  shape, lengths = args.linear_shape, args.lengths
   goal = linear_timings(shape, lengths, args.linear_repeats, args.linear_pause)
   met = "met" if goal >= LINEAR_GOAL else "not met"
   print(f"\nGoal stepwise / parallel >= {LINEAR_GOAL} at T = {lengths[-1]} (LRU and S5): {met}, "
         f"smallest {goal:.2f}")
   if args.compile_target:
-    linear_compiled(shape, [int(t) for t in args.compile_lengths.split(",")],
-                    args.compile_target)
+    linear_compiled(shape, args.compile_lengths, args.compile_target)
 
 
-def main():
-  backend = jax.default_backend()
-  defaults = DEFAULTS.get(backend, DEFAULTS["cpu"])
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def linear_shape(text: str) -> tuple[int, int, int]:
+  """B,H,N: three positive integers."""
+  values = text.split(",")
+  if len(values) != 3 or not all(v.strip().isdigit() and int(v) >= 1 for v in values):
+    raise argparse.ArgumentTypeError(f"must be B,H,N, three positive integers, got {text!r}")
+  return tuple(int(v) for v in values)
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+  """The arguments (defaults follow JAX's backend); the --compile_target's toolchain is
+  checked too when the linear section runs (a table of refusals is no measurement)."""
+  with jax_start.held_back():   # JAX's backends start: the plugins log
+    defaults = DEFAULTS.get(jax.default_backend(), DEFAULTS["cpu"])
+  parser = arguments.Parser(description=__doc__.splitlines()[0])
   parser.add_argument("--section", default="cells", choices=("cells", "linear", "all"),
                       help="the RNN / LSTM / GRU table against peers, the linear recurrences', "
                            "or both (default: %(default)s)")
-  parser.add_argument("--shapes", default=defaults["shapes"],
+  parser.add_argument("--shapes", type=arguments.names_of(SHAPES, every="all"),
+                      default=defaults["shapes"],
                       help=f"comma list of {list(SHAPES)}, or all (default here: %(default)s)")
-  parser.add_argument("--cells", default=defaults["cells"],
+  parser.add_argument("--cells", type=arguments.names_of(CELLS), default=defaults["cells"],
                       help=f"comma list of {list(CELLS)} (default here: %(default)s)")
-  parser.add_argument("--dtypes", default=defaults["dtypes"],
+  parser.add_argument("--dtypes", type=arguments.names_of(DTYPES), default=defaults["dtypes"],
                       help=f"comma list of {list(DTYPES)} (default here: %(default)s)")
-  parser.add_argument("--repeats", type=int, default=defaults["repeats"])
-  parser.add_argument("--pause", type=float, default=defaults["pause"],
+  parser.add_argument("--repeats", type=arguments.positive_int, default=defaults["repeats"])
+  parser.add_argument("--pause", type=arguments.non_negative_float, default=defaults["pause"],
                       help="seconds idle before each timed call (default here: %(default)s)")
-  parser.add_argument("--linear_shape", default="1,32,32",
+  parser.add_argument("--linear_shape", type=linear_shape, default="1,32,32",
                       help="linear section: B,H,N, batch, width and states (default: %(default)s)")
-  parser.add_argument("--lengths", default="1024,4096,16384",
+  parser.add_argument("--lengths", type=arguments.positive_ints, default="1024,4096,16384",
                       help="linear section: comma list of T (default: %(default)s)")
-  parser.add_argument("--linear_repeats", type=int, default=9,
+  parser.add_argument("--linear_repeats", type=arguments.positive_int, default=9,
                       help="linear section: interleaved rounds per T (default: %(default)s)")
-  parser.add_argument("--linear_pause", type=float, default=0.0,
+  parser.add_argument("--linear_pause", type=arguments.non_negative_float, default=0.0,
                       help="linear section: seconds idle before each timed call (default: %(default)s)")
-  parser.add_argument("--compile_target", default="tpu-v5e-1",
+  parser.add_argument("--compile_target", type=arguments.name_of(targets.TARGETS, allow_empty=True),
+                      default="tpu-v5e-1",
                       help="linear section: the research.aot target to compile for, or '' for "
                            "none (default: %(default)s)")
-  parser.add_argument("--compile_lengths", default="16384",
+  parser.add_argument("--compile_lengths", type=arguments.positive_ints, default="16384",
                       help="linear section: comma list of T compiled for the target "
                            "(default: %(default)s)")
-  args = parser.parse_args()
-  shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
-  for name, values, known in (("shape", shapes, SHAPES), ("cell", args.cells.split(","), CELLS),
-                              ("dtype", args.dtypes.split(","), DTYPES)):
-    if unknown := [v for v in values if v not in known]:
-      parser.error(f"unknown {name} {unknown}; choose from {list(known)}")
+  return arguments.parse(parser, argv, check_toolchain)
+
+
+def check_toolchain(parser: arguments.Parser, args: argparse.Namespace) -> None:
+  """Refuses a --compile_target this machine cannot compile for (the linear section's)."""
+  if args.section != "cells" and args.compile_target:
+    try:
+      targets.devices_of(targets.get(args.compile_target))
+    except targets.TargetUnavailable as error:
+      parser.error(f"argument --compile_target: {error}; or --compile_target='' to leave it out")
+
+
+def main():
+  args = parse_arguments()
+  backend = jax.default_backend()
 
   device = torch.device("cuda" if backend == "gpu" and torch.cuda.is_available() else "cpu")
   torch.set_num_threads(os.cpu_count())

@@ -1,9 +1,17 @@
-"""project.py's benchmark recording: output shown and kept in results/NAME.md, whole, with
-the command that made it; a failed benchmark leaves the committed file as it was."""
+"""project.py: a benchmark's output shown and kept in results/NAME.md, whole, with the
+command that made it, only for that command and only when it succeeds; a bad name refused
+in one line before anything is set up; the test tiers (the linter first, `quick` without
+the slow and the `aot` tests) and the environments they share."""
 
+import importlib
 import importlib.util
 import os
+import pathlib
+import shlex
+import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("project", os.path.join(ROOT, "project.py"))
@@ -29,3 +37,131 @@ def test_a_failed_benchmark_keeps_the_previous_file(tmp_path, monkeypatch):
   assert project.run_recorded(["-c", "print('half'); raise SystemExit(3)"], path) == 3
   assert path.read_text(encoding="utf-8") == "kept\n"
   assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_bench_refuses_an_unknown_benchmark_before_setting_anything_up(capsys, monkeypatch):
+  monkeypatch.setattr(project, "ensure_environment", lambda extras: pytest.fail("set up"))
+  for argv in (["bench", "bogus"], ["bench", "--lengths=1024"], ["bogus"]):
+    assert project.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: unknown "), err
+    names = project.BENCHMARKS + project.ON_REQUEST if argv[0] == "bench" else project.TASKS
+    assert all(name in err for name in names), err
+
+
+def test_only_a_benchmarks_recorded_command_writes_its_results_file():
+  """`bench NAME` runs the arguments results/NAME.md records and writes it; other arguments
+  (a partial or different table) only print; plain `bench` runs the default three."""
+  results = pathlib.Path(ROOT) / "results"
+  assert project.benchmark_runs(["recurrent"]) == [
+      (["benchmarks/recurrent.py", "--section", "all"], results / "recurrent.md")]
+  assert project.benchmark_runs(["recurrent", "--section", "all"]) == [
+      (["benchmarks/recurrent.py", "--section", "all"], results / "recurrent.md")]
+  for argv in (["recurrent", "--section", "cells"], ["compile_targets", "--targets=t4"],
+               ["attention", "--help"], ["accelerator"]):
+    (command, path), = project.benchmark_runs(argv)
+    assert command == [f"benchmarks/{argv[0]}.py", *argv[1:]] and path is None
+  assert [path.name for _, path in project.benchmark_runs([])] == [
+      "recurrent.md", "attention.md", "attention_bound.md"]
+  for name in project.RECORDED:   # each recorded file's first line names its command
+    header = (results / f"{name}.md").read_text(encoding="utf-8").splitlines()[0]
+    command = shlex.join([name, *project.RECORDED[name]])
+    assert header.startswith(f"<!-- python3 project.py bench {command}; commit "), header
+
+
+def test_the_test_tiers_stop_at_the_linter_and_quick_leaves_out_slow_and_aot(monkeypatch):
+  calls = []
+  monkeypatch.setattr(project, "ensure_environment", calls.append)
+  lint_status = {"status": 1}
+
+  def call(command, cwd):
+    calls.append(command[1:])
+    return lint_status["status"] if command[1:] == project.LINT else 0
+
+  monkeypatch.setattr(project.subprocess, "call", call)
+  assert project.main(["quick", "-x"]) == 1
+  assert calls == ["test", project.LINT]   # no aot; the tests did not run
+  calls.clear()
+  lint_status["status"] = 0
+  assert project.main(["quick", "-x"]) == 0
+  assert calls[0] == "test" and calls[1] == project.LINT
+  assert calls[2][calls[2].index("-m", 1) + 1] == "not slow and not aot" and calls[2][-1] == "-x"
+  calls.clear()
+  assert project.main(["test"]) == 0
+  assert calls[0] == "test,aot" and calls[1] == project.LINT and "-m" not in calls[2][1:]
+
+
+def test_the_linter_is_installed_with_the_tests_and_flags_what_the_config_selects(tmp_path):
+  """ruff (the `test` extra) with pyproject.toml's [tool.ruff]: an unused import (F401) and a
+  mutable default (B006: bugbear, which only the config selects) fail; clean code passes."""
+  config = os.path.join(ROOT, "pyproject.toml")
+  (tmp_path / "bad.py").write_text("import os\n\n\ndef f(x=[]):\n  return x\n",
+                                   encoding="utf-8")
+  (tmp_path / "good.py").write_text("def f(x=None):\n  return x\n", encoding="utf-8")
+  check = lambda name: subprocess.run(
+      [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", config, name],
+      cwd=tmp_path, capture_output=True, text=True)
+  bad = check("bad.py")
+  assert bad.returncode == 1 and "F401" in bad.stdout and "B006" in bad.stdout, bad.stdout
+  assert check("good.py").returncode == 0
+
+
+def test_an_environment_with_more_extras_serves_a_task_that_needs_fewer(tmp_path, monkeypatch):
+  monkeypatch.setattr(project, "VENV", tmp_path)
+  (tmp_path / ".installed-test,aot").write_text("digest", encoding="utf-8")
+  (tmp_path / ".installed-base").write_text("old digest", encoding="utf-8")
+  assert project.installed("test", "digest") and project.installed("test,aot", "digest")
+  assert project.installed("", "digest")
+  assert not project.installed("test,aot,cuda", "digest")
+  assert not project.installed("test", "new digest")   # pyproject.toml changed
+
+
+# (benchmark, arguments, how its `error:` line starts, what else it must show)
+BAD_BENCHMARK_ARGUMENTS = [
+    ("attention", ["--lengths=abc"], "argument --lengths", "positive integers"),
+    ("attention", ["--lengths="], "argument --lengths", "positive integers"),
+    ("attention", ["--lengths=512,512"], "argument --lengths", "twice"),
+    ("attention", ["--repeats=-1"], "argument --repeats", "positive integer"),
+    ("attention", ["--pause=nan"], "argument --pause", ">= 0"),
+    ("attention", ["--inner=0"], "argument --inner", "positive integer"),
+    ("attention", ["--bogus=1"], "unrecognized arguments", "--bogus"),
+    ("attention_bound", ["--length=-1"], "argument --length", "multiple of 256"),
+    ("attention_bound", ["--length=1000"], "argument --length", "multiple of 256"),
+    ("compile_targets", ["--targets=bogus"], "argument --targets", "tpu-v5e-1"),
+    ("compile_targets", ["--targets="], "argument --targets", "tpu-v5e-1"),
+    ("compile_targets", ["--experiments=bogus"], "argument --experiments", "nmt_dates"),
+    ("compile_targets", ["--attention_targets=h100,bogus"], "argument --attention_targets", "t4"),
+    ("lra_efficiency", ["--tpu=bogus"], "argument --tpu", "tpu-v4-1"),
+    ("lra_efficiency", ["--tpu=h100"], "argument --tpu", "tpu-v4-1"),
+    ("lra_efficiency", ["--attentions=full,bogus"], "argument --attentions", "performer"),
+    ("lra_efficiency", ["--memory_lengths=4096"], "argument --memory_lengths", "two lengths"),
+    ("lra_efficiency", ["--memory_lengths=16384,4096"], "argument --memory_lengths", "shorter first"),
+    ("lra_efficiency", ["--lengths=1024", "--tpu_lengths=4096"], "argument --tpu_lengths", "--lengths"),
+    ("lra_efficiency", ["--batch=0"], "argument --batch", "positive integer"),
+    ("recurrent", ["--shapes=bogus"], "argument --shapes", "all"),
+    ("recurrent", ["--cells="], "argument --cells", "lstm"),
+    ("recurrent", ["--dtypes=float16"], "argument --dtypes", "bfloat16"),
+    ("recurrent", ["--section=bogus"], "argument --section", "linear"),
+    ("recurrent", ["--linear_shape=1,32"], "argument --linear_shape", "B,H,N"),
+    ("recurrent", ["--linear_pause=-1"], "argument --linear_pause", ">= 0"),
+    ("recurrent", ["--compile_target=bogus"], "argument --compile_target", "tpu-v5e-1"),
+    ("recurrent", ["--compile_lengths=0"], "argument --compile_lengths", "positive integers"),
+    ("accelerator", ["--output=."], "argument --output", "directory"),
+    ("accelerator", ["--output=pyproject.toml/report.md"], "argument --output", "under a file"),
+]
+
+
+@pytest.mark.xdist_group("benchmark_arguments")   # one worker imports the benchmarks
+@pytest.mark.parametrize("name, argv, names, shows", BAD_BENCHMARK_ARGUMENTS)
+def test_a_benchmark_refuses_a_bad_argument_in_one_line_before_it_starts(
+    name, argv, names, shows, capsys, monkeypatch):
+  """Each benchmark's arguments parsed as its main() does: exit status 2 and one line on
+  stderr naming the argument and what it allows (nothing compiled, timed or written)."""
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+  monkeypatch.chdir(ROOT)
+  module = importlib.import_module(name)
+  with pytest.raises(SystemExit) as exit_:
+    module.parse_arguments(argv)
+  err = capsys.readouterr().err
+  assert exit_.value.code == 2 and err.count("\n") == 1, err
+  assert err.startswith(f"error: {names}") and shows in err, err

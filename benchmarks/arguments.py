@@ -1,0 +1,126 @@
+"""The benchmarks' command-line arguments, checked before anything is compiled, timed or
+written: a bad value ends the run with one line, `error: argument --NAME: ...` naming what
+is allowed, and exit status 2 (argparse's usage message left out).
+
+    parser = Parser(description=...)
+    parser.add_argument("--lengths", type=positive_ints, default="1024,4096")
+    parser.add_argument("--attentions", type=names_of(("full", "linear")), default="full")
+    args = parse(parser, argv, check)   # check(parser, args): parser.error(...) refuses
+
+String defaults go through `type` too (argparse's rule), so `args.lengths` is a list. The
+toolchains of the `aot` extra log to stderr when JAX starts (the benchmarks import JAX inside
+`jax_start.held_back()` for that); `parse` holds them back too, since a check may start
+JAX's backends.
+"""
+
+import argparse
+import math
+import sys
+
+from research import jax_start
+
+
+class Refused(Exception):
+  """A bad argument, in words (argparse's message)."""
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse.ArgumentParser whose errors raise Refused (`parse` prints them in one line)."""
+
+  def error(self, message: str):
+    raise Refused(message)
+
+
+def parse(parser: Parser, argv: list[str] | None = None, check=None) -> argparse.Namespace:
+  """`parser.parse_args(argv)`, then `check(parser, args)` if given; a refusal: one
+  `error: ...` line on stderr and exit status 2."""
+  refusal = None
+  with jax_start.held_back():   # what JAX logged shown only if something else goes wrong
+    try:
+      args = parser.parse_args(argv)
+      if check:
+        check(parser, args)
+    except Refused as error:
+      refusal = error
+  if refusal:
+    sys.stderr.write(f"error: {refusal}\n")
+    sys.exit(2)
+  return args
+
+
+def positive_int(text: str) -> int:
+  """An integer >= 1."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+  return value
+
+
+def non_negative_float(text: str) -> float:
+  """A finite number >= 0 (seconds)."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = -1.0
+  if not math.isfinite(value) or value < 0:
+    raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+  return value
+
+
+def _items(text: str) -> list[str]:
+  items = [item.strip() for item in text.split(",")] if text.strip() else []
+  if "" in items:
+    raise argparse.ArgumentTypeError(f"an empty item in the comma list {text!r}")
+  if repeated := sorted({item for item in items if items.count(item) > 1}):
+    raise argparse.ArgumentTypeError(f"{', '.join(map(repr, repeated))} given twice")
+  return items
+
+
+def positive_ints(text: str) -> list[int]:
+  """A comma list of one or more integers >= 1, each once: "1024,4096" -> [1024, 4096]."""
+  items = _items(text)
+  if not items or not all(item.isdigit() and int(item) >= 1 for item in items):
+    raise argparse.ArgumentTypeError(
+        f"must be a comma list of positive integers, each once, got {text!r}")
+  return [int(item) for item in items]
+
+
+def names_of(known, allow_empty: bool = False, every: str | None = None):
+  """The `type` of a comma list of names from `known` (each once; at least one unless
+  `allow_empty`: then '' is the empty list); the word `every`, if given, stands for all."""
+  known = list(known)
+
+  def names(text: str) -> list[str]:
+    if every is not None and text == every:
+      return known
+    items = _items(text)
+    if unknown := [item for item in items if item not in known]:
+      raise argparse.ArgumentTypeError(
+          f"unknown {', '.join(map(repr, unknown))}; choose from: {', '.join(known)}"
+          + (f" (or {every})" if every else ""))
+    if not items and not allow_empty:
+      raise argparse.ArgumentTypeError(f"give at least one of: {', '.join(known)}")
+    return items
+
+  names.__name__ = "names"
+  return names
+
+
+def name_of(known, allow_empty: bool = False):
+  """The `type` of one name from `known` ('' for none when `allow_empty`: then None)."""
+  known = list(known)
+
+  def name(text: str) -> str | None:
+    if text == "" and allow_empty:
+      return None
+    if text not in known:
+      none = " (or '' for none)" if allow_empty else ""
+      raise argparse.ArgumentTypeError(
+          f"unknown {text!r}; choose one of: {', '.join(known)}{none}")
+    return text
+
+  name.__name__ = "name"
+  return name
