@@ -47,6 +47,7 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
+ORBAX = f"{os.sep}orbax{os.sep}"         # in the path of Orbax's modules
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
 COMPILE_ONLY_FLAG = "compile_only"
@@ -155,11 +156,12 @@ def fail(status: int, message: str, verbose: bool):
 
 
 def quiet_libraries() -> None:
-  """Without --verbose: no INFO logs, and not Orbax's ERROR logs of a failed save (the
-  exception it raises to the loop is reported once, as CheckpointSaveError)."""
+  """Without --verbose: no INFO logs, and not Orbax's ERROR logs, which tell what failed
+  inside a save (its threads, its metadata) while the save's exception reaches the loop,
+  reported once (CheckpointSaveError) or, restoring, a checkpoint set aside (a warning)."""
   logging.set_verbosity(logging.WARNING)                  # Orbax logs every save at INFO
-  logging.get_absl_handler().addFilter(lambda record: record.levelno < python_logging.ERROR or (
-      "orbax" not in record.pathname and record.name != "asyncio"))   # a failed async save
+  logging.get_absl_handler().addFilter(
+      lambda record: record.levelno < python_logging.ERROR or ORBAX not in record.pathname)
 
 
 def start_backends(verbose: bool) -> None:

@@ -6,16 +6,19 @@ Orbax's, a data thread's), or the first unraisable one (raised where nothing can
 a finalizer, such as a file's flush on a full disk), is recorded, and the run ends with
 one line `error: ...` and status 1:
 
-  the train loop      calls `raise_if_failed` at every step: `ThreadFailed`, a RunFailed
-                      (exit 1), the last complete checkpoint kept (a pending save is
-                      waited for; one that failed says so in its own words first)
-  the main thread     not there within GRACE_SECONDS (blocked on what the failed thread
-                      was to deliver, a long evaluation): the process prints the line and
-                      ends itself (`os._exit(1)`), as a kill -9 would, which a run survives:
-                      every complete checkpoint stays, a rerun resumes from the last one
-  later               a failure recorded after the main thread's work (`ending` joined
-                      the other threads, as the interpreter would at exit; or while the
-                      interpreter finalizes) ends the process with status 1 too
+  during training     the loop checks `failed()` at every step and raises `ThreadFailed`
+                      (a RunFailed: exit 1) after waiting for a pending save (one that
+                      failed says so in its own words instead): the last complete
+                      checkpoint is kept and named
+  a blocked main      the main thread not there within GRACE_SECONDS (blocked on what the
+  thread              failed thread was to deliver, a long evaluation, a compile): the
+                      process prints the line and ends itself (`os._exit(1)`) as a kill -9
+                      would, which a run survives: every complete checkpoint stays
+  after the work      launch.py waits for the other threads (`join_other_threads`, as the
+                      interpreter would at exit) and raises what they recorded; once it
+                      ends (`ending(status)`), a failure recorded later (a daemon thread,
+                      a finalizer at exit) ends the process at once with status 1 if the
+                      status was 0, and is not printed if an error was already
 
 With --verbose each one also prints its traceback as Python would. One unraisable is
 dropped, by a precise rule (`is_benign`): RuntimeError('Event loop is closed') raised in
@@ -24,6 +27,7 @@ completes after the event loop of an abandoned Orbax save (a failed one) has clo
 the save's failure is reported by the loop, and the callback has nothing left to run.
 """
 
+import contextlib
 import os
 import sys
 import threading
@@ -78,19 +82,21 @@ class _Watch:
       return
     timer = threading.Timer(GRACE_SECONDS, self.end_process, args=(
         f"; the main thread did not stop within {GRACE_SECONDS:g} s, ending the process "
-        "(every complete checkpoint is kept: run the same command again to resume)",))
+        "(every complete checkpoint is kept: run the same command again to resume)", False))
     timer.daemon = True
     timer.start()
 
-  def end_process(self, why: str) -> None:
+  def end_process(self, why: str, flush: bool = True) -> None:
     """Prints the failure and ends the process with status 1, unless the main thread has
-    taken it over or ended with an error of its own."""
+    taken it over or ended with an error of its own. `flush`: what the main thread printed
+    first (not when it may be blocked inside a print, holding the stream's lock)."""
     with self.lock:
       if self.taken:
         return
       self.taken = True
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr) if flush else ():
+      with contextlib.suppress(Exception):   # closed, or gone while the interpreter finalizes
+        stream.flush()
     os.write(self.stderr, f"error: {self.failure}{why}\n".encode())
     os._exit(1)
 

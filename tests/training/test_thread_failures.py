@@ -37,6 +37,7 @@ CASES = {
                 "the same command again to resume)"),
     "after the run": ("thread 'late' failed: ValueError: injected failure; after the command's "
                       "work was done (what it wrote is complete)"),
+    "at exit": "thread 'at exit' failed: ValueError: injected failure",
 }
 
 
@@ -63,7 +64,7 @@ def _inject(case: str) -> None:
 
   def failing_write(self, step: int, values: dict) -> None:
     write(self, step, values)
-    if step != STEP or "train/loss" not in values:
+    if step != STEP or "train/loss" not in values or case == "at exit":
       return
     if case == "unraisable":
       Leaky()                             # its __del__ raises as it is dropped
@@ -78,6 +79,16 @@ def _inject(case: str) -> None:
         threading.Event().wait()          # what the failed thread was to set, never set
 
   metrics.MetricsWriter.write = failing_write
+  if case == "at exit":                   # once launch.py has ended with status 0
+    ending = thread_failures.ending
+
+    def ending_then_failing(status: int) -> None:
+      ending(status)
+      thread = threading.Thread(target=_fail, name="at exit", daemon=True)
+      thread.start()
+      thread.join()
+
+    thread_failures.ending = ending_then_failing
 
 
 def _run_cases(directory: str) -> None:
@@ -98,7 +109,7 @@ def _run_cases(directory: str) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """{case: (exit status, stderr lines but the progress lines, workdir)}."""
+  """{case: (exit status, stderr lines but the progress lines, stdout, workdir)}."""
   directory = str(tmp_path_factory.mktemp("thread_failures"))
   driver = subprocess.run([sys.executable, __file__, directory], env=tiny.environment(),
                           capture_output=True, text=True, timeout=600)
@@ -107,9 +118,10 @@ def runs(tmp_path_factory):
     statuses = json.load(f)
   results = {}
   for case, status in statuses.items():
-    with open(os.path.join(directory, f"{case}.err")) as f:
-      lines = [line for line in f.read().splitlines() if not line.startswith("step ")]
-    results[case] = (status, lines, os.path.join(directory, case))
+    with open(os.path.join(directory, f"{case}.err")) as err, open(
+        os.path.join(directory, f"{case}.out")) as out:
+      lines = [line for line in err.read().splitlines() if not line.startswith("step ")]
+      results[case] = (status, lines, out.read(), os.path.join(directory, case))
   return results
 
 
@@ -125,12 +137,13 @@ def _latest_checkpoint(workdir: str) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_a_failure_outside_the_main_thread_ends_the_run_in_one_line_with_status_1(runs, case):
-  status, lines, workdir = runs[case]
+  status, lines, stdout, workdir = runs[case]
   assert status == 1, lines[-30:]
   assert lines == [f"error: {CASES[case]}"]
-  if case == "after the run":         # every step trained, every file written
+  if case in ("after the run", "at exit"):     # every step trained, every file written
     assert _latest_checkpoint(workdir) == OVERRIDES["train.num_steps"]
     assert os.path.exists(os.path.join(workdir, "final_metrics.json"))
+    assert f"workdir: {workdir}" in stdout     # what was printed before it is kept
     return
   kept = 20 if case == "blocked" else STEP     # blocked before the save of STEP
   assert _latest_checkpoint(workdir) == kept
