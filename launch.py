@@ -51,6 +51,11 @@ ORBAX = f"{os.sep}orbax{os.sep}"         # in the path of Orbax's modules
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
 COMPILE_ONLY_FLAG = "compile_only"
+VALUE_FLAGS = {   # launch.py's flags that take a value: the refusal of one given without
+    "workdir": "--workdir needs a directory: --workdir=DIR (without the flag: a new one under "
+               "runs/)",
+    COMPILE_ONLY_FLAG: f"--compile_only needs a target: --compile_only=TARGET, one of: "
+                       f"{', '.join(targets.TARGETS)}"}
 flags.DEFINE_string(
     COMPILE_ONLY_FLAG, None, "compile the train and eval steps for TARGET (no such device "
     f"needed: {', '.join(targets.TARGETS)}), write compile_report.json, train nothing")
@@ -114,36 +119,64 @@ def split_config_flag(argv: list[str]) -> tuple[str, list[str]]:
   return spec, rest
 
 
+def separate_value(argv: list[str], i: int) -> str | None:
+  """The argument after argv[i]: what absl takes for the value of a flag written `--NAME
+  VALUE`; None if there is none, or if it is another flag (a number is a value)."""
+  value = argv[i + 1] if i + 1 < len(argv) else None
+  if value is not None and value.startswith("-"):
+    try:
+      float(value)
+    except ValueError:
+      return None
+  return value
+
+
 def check_overrides(config, argv: list[str]) -> None:
-  """Our checks of every --config.key=value (unknown key, wrong type) before config_flags
-  applies them: ConfigError naming the key and what is allowed."""
+  """Our checks of every --config.key=value (unknown key, wrong type, no value) before
+  config_flags applies them: ConfigError naming the key and what is allowed."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config."):
       name, eq, value = arg[2:].partition("=")
-      value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+      value = value if eq else separate_value(argv, i)
+      if value is None:
+        raise ConfigError(f"--{name} needs a value: --{name}=VALUE")
       parse_value(config, name.removeprefix("config."), value)
 
 
-def compile_target(argv: list[str]) -> str | None:
-  """The target of --compile_only in argv, as absl reads the flag (its last occurrence;
-  `--compile_only=T` or `--compile_only T`), named as research.aot.targets names it; None
-  without the flag. ConfigError listing the targets for an unknown name, an empty value,
-  or none (last, or followed by another flag, which absl would take for the value)."""
-  target = None
+def value_flags(argv: list[str]) -> dict[str, str]:
+  """{name: value} of launch.py's flags that take one (--workdir, --compile_only), as absl
+  reads them (`--NAME=VALUE` or `--NAME VALUE`, the last occurrence). ConfigError for one
+  without a value: empty or blank, last, or followed by another flag (which absl would take
+  for the value: `--workdir --sweep` trained into a directory named --sweep)."""
+  values = {}
   for i, arg in enumerate(argv):
     if arg == "--":
       break
     name, eq, value = arg.lstrip("-").partition("=")
-    if not arg.startswith("-") or name != COMPILE_ONLY_FLAG:
-      continue
-    if not eq:
-      value = argv[i + 1] if i + 1 < len(argv) else ""
-      value = "" if value.startswith("-") else value
-    if not value.strip():
-      raise ConfigError(f"--compile_only needs a target: --compile_only=TARGET, one of: "
-                        f"{', '.join(targets.TARGETS)}")
-    target = target_name(value)
-  return target
+    if arg.startswith("-") and name in VALUE_FLAGS:
+      values[name] = value if eq else separate_value(argv, i)
+  for name, value in values.items():
+    if value is None or not value.strip():
+      raise ConfigError(VALUE_FLAGS[name])
+  return values
+
+
+def compile_target(values: dict[str, str]) -> str | None:
+  """The target --compile_only names (`value_flags`), as research.aot.targets names it
+  (case and surrounding spaces aside); None without the flag; ConfigError listing the
+  targets for an unknown name."""
+  return target_name(values[COMPILE_ONLY_FLAG]) if COMPILE_ONLY_FLAG in values else None
+
+
+def check_no_arguments(arguments: list[str]) -> None:
+  """ConfigError for an argument that is not a flag (absl leaves them to the program; a
+  config file given without --config trained the default experiment)."""
+  if arguments:
+    hint = (f"; for a config file write --config={arguments[0]}"
+            if arguments[0].partition(":")[0].endswith(".py") else "")
+    raise ConfigError(f"unexpected argument {arguments[0]!r}: launch.py takes flags only "
+                      f"(--config FILE[:ARGS], --config.KEY=VALUE, --workdir DIR, --sweep, "
+                      f"--compile_only=TARGET, --verbose){hint}")
 
 
 def fail(status: int, message: str, verbose: bool):
@@ -193,9 +226,10 @@ def compile_for(target: str, config, module, workdir: str, experiment, verbose: 
         f"report: {os.path.join(workdir, REPORT)}")
 
 
-def main(config, module, name: str, verbose: bool, target: str | None) -> None:
+def main(config, module, name: str, verbose: bool, target: str | None,
+         arguments: list[str]) -> None:
   """Trains config's experiment (or every point of the module's sweep) into --workdir, or
-  compiles it for `target` (--compile_only)."""
+  compiles it for `target` (--compile_only); `arguments`: what absl left that is no flag."""
   thread_failures.watch(verbose)
   if not verbose:
     quiet_libraries()
@@ -203,6 +237,7 @@ def main(config, module, name: str, verbose: bool, target: str | None) -> None:
   workdir = _WORKDIR.value or os.path.join(
       ROOT, "runs", f"{name}{suffix}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   try:
+    check_no_arguments(arguments)
     experiment = experiments.get(config.experiment)
     if target is not None:
       compile_for(target, config, module, workdir, experiment, verbose)
@@ -238,7 +273,7 @@ def run(argv: list[str]) -> None:
   verbose = VERBOSE_FLAG in argv
   try:
     spec, argv = split_config_flag(argv)
-    target = compile_target(argv)
+    target = compile_target(value_flags(argv))
     config, module = load_config(spec)
     check_overrides(config, argv)
   except UserError as error:
@@ -247,8 +282,8 @@ def run(argv: list[str]) -> None:
       "config", config, "the experiment config: --config FILE[:ARGS] --config.key=value ...",
       lock_config=True, sys_argv=argv)
   name = os.path.basename(spec.partition(":")[0])[:-3]
-  app.run(lambda _: main(config_flag.value, module, name, verbose, target), argv=argv,
-          flags_parser=parse_flags)
+  app.run(lambda left: main(config_flag.value, module, name, verbose, target, left[1:]),
+          argv=argv, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

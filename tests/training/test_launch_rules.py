@@ -1,8 +1,9 @@
-"""launch.py's rules for `--compile_only`: a target named or refused in one line listing the
-targets, and a workdir it cannot use refused before anything is compiled or written, left
-as found; first in process (launch.compile_target, compile_only), then as a user runs the
-commands (tests/training/forked_launch.py: one start-up for all, JAX's compile log on).
-None of this needs the compile toolchains (tests/aot compiles for real)."""
+"""launch.py's rules for its flags and `--compile_only`: a flag without its value, an
+argument that is no flag, an unknown target refused in one line (listing the targets), and
+a workdir compile_only cannot use refused before anything is compiled or written, left as
+found; first in process (launch.value_flags, compile_target, compile_sweep), then as a user
+runs the commands (tests/training/forked_launch.py: one start-up for all, JAX's compile log
+on). None of this needs the compile toolchains (tests/aot compiles for real)."""
 
 import contextlib
 import os
@@ -21,20 +22,33 @@ import launch  # noqa: E402
 
 TARGETS = "tpu-v5e-1, tpu-v5e-8, tpu-v4-1, tpu-v4-8, tpu-v6e-1, h100, h100x8, a100, l4, t4"
 NO_TARGET = f"--compile_only needs a target: --compile_only=TARGET, one of: {TARGETS}"
+NO_WORKDIR = "--workdir needs a directory: --workdir=DIR (without the flag: a new one under runs/)"
 
 
-@pytest.mark.parametrize("flags", [
-    ["--compile_only"],                       # last: absl would say "missing value"
-    ["--compile_only", "--sweep"],            # absl would take --sweep for the target
-    ["--compile_only", "--workdir=/tmp/x"],
-    ["--compile_only="],                      # empty: it trained for real
-    ["--compile_only=  "],
-    ["--compile_only=t4", "--compile_only="],  # the last one counts, as absl reads it
+@pytest.mark.parametrize("flags, message", [
+    (["--compile_only"], NO_TARGET),                 # last: absl would say "missing value"
+    (["--compile_only", "--sweep"], NO_TARGET),      # absl would take --sweep for the target
+    (["--compile_only", "--workdir=/tmp/x"], NO_TARGET),
+    (["--compile_only="], NO_TARGET),                # empty: it trained for real
+    (["--compile_only=  "], NO_TARGET),
+    (["--compile_only=t4", "--compile_only="], NO_TARGET),   # the last counts, as in absl
+    (["--workdir", "--sweep"], NO_WORKDIR),          # it trained into a directory "--sweep"
+    (["--workdir="], NO_WORKDIR),                    # it trained into runs/NAME-TIME
+    (["--workdir", "-v"], NO_WORKDIR),
 ])
-def test_compile_only_without_a_target_is_refused_listing_the_targets(flags):
+def test_a_flag_without_its_value_is_refused_saying_what_it_takes(flags, message):
   with pytest.raises(ConfigError) as refused:
-    launch.compile_target(["launch.py", "--config=c.py", *flags])
-  assert str(refused.value) == NO_TARGET
+    launch.value_flags(["launch.py", "--config=c.py", *flags])
+  assert str(refused.value) == message
+
+
+def test_an_override_without_its_value_is_refused_and_a_negative_number_is_a_value():
+  config = tiny.config()
+  with pytest.raises(ConfigError, match=r"^--config.data.length needs a value: "
+                                        r"--config.data.length=VALUE$"):
+    launch.check_overrides(config, ["--config.data.length", "--sweep"])
+  launch.check_overrides(config, ["--config.train.learning_rate", "-0.1"])  # a value (of the
+  # right type: validation refuses its sign later, naming the key)
 
 
 @pytest.mark.parametrize("flags, target", [
@@ -44,10 +58,11 @@ def test_compile_only_without_a_target_is_refused_listing_the_targets(flags):
     (["-compile_only=H100 "], "h100"),              # case and surrounding spaces aside
     (["--compile_only= A100"], "a100"),
     (["--compile_only=t4", "--compile_only=l4"], "l4"),
+    (["--compile_only=", "--compile_only=t4", "--workdir=", "--workdir=/w"], "t4"),
     (["--", "--compile_only=t4"], None),            # after --: not a flag
 ])
 def test_a_target_is_read_as_absl_reads_the_flag(flags, target):
-  assert launch.compile_target(["launch.py", *flags]) == target
+  assert launch.compile_target(launch.value_flags(["launch.py", *flags])) == target
 
 
 @pytest.mark.parametrize("value, hint", [("tpu-v9", ""),
@@ -55,7 +70,7 @@ def test_a_target_is_read_as_absl_reads_the_flag(flags, target):
                                          ("h100x4", " (did you mean 'h100x8'?)")])
 def test_an_unknown_target_is_refused_listing_the_targets_and_the_nearest(value, hint):
   with pytest.raises(ConfigError) as refused:
-    launch.compile_target(["launch.py", f"--compile_only={value}"])
+    launch.compile_target({"compile_only": value})
   assert str(refused.value) == (f"--compile_only: unknown target {value!r}{hint}; choose one "
                                 f"of: {TARGETS}")
 
@@ -126,6 +141,12 @@ def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_
                                f"workdir {root}/file/sub cannot be created (Not a directory)"),
       "a live run's workdir": (command("f", "--compile_only=tpu-v5e-1", "--sweep", workdir=live),
                                f"workdir {live} is in use by a live run (pid {os.getpid()} on "),
+      "workdir without a value": ([*command("g"), "--workdir", "--sweep"], NO_WORKDIR),
+      "a config file without --config": (
+          command("h", "experiments/char_lm.py"),
+          "unexpected argument 'experiments/char_lm.py': launch.py takes flags only (--config "
+          "FILE[:ARGS], --config.KEY=VALUE, --workdir DIR, --sweep, --compile_only=TARGET, "
+          "--verbose); for a config file write --config=experiments/char_lm.py"),
   }
   output = os.path.join(root, "output")
   os.makedirs(output)
@@ -133,6 +154,7 @@ def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_
     before = _tree(root)
     results = forked_launch.run_all({name: argv for name, (argv, _) in cases.items()}, output)
     assert {k: v for k, v in _tree(root).items() if not k.startswith("output")} == before
+  assert not os.path.exists(os.path.join(tiny.ROOT, "--sweep"))
   for name, (_, message) in cases.items():
     status, _, stderr = results[name]
     assert status == 2, (name, stderr[-2000:])
