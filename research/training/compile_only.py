@@ -210,7 +210,7 @@ def _write(path: str, workdir: str, content: dict | str) -> None:
 def summary(results: dict[str, dict]) -> str:
   """compile_summary.md: one row per sweep point (every one fits: a step that does not is
   refused)."""
-  lines = ["| point | train step per device | eval step per device | of the chip's | attention "
+  lines = ["| point | train step per device | eval step per device | chip memory | attention "
            "| compile s |", "|---|---|---|---|---|---|"]
   for point, result in results.items():
     train, evaluation = result["steps"]["train"], result["steps"]["eval"]
