@@ -1,12 +1,13 @@
 """Runs an experiment: python launch.py --config experiments/NAME.py[:ARGS] --workdir DIR
-[--config.key=value ...] [--sweep] [--verbose].
+[--config.key=value ...] [--sweep] [--compile_only=TARGET] [--verbose].
 
 With no flags it runs the default experiment into a new directory under runs/. The
 config file is loaded once; `--config.key=value` overrides are checked, then applied by
 ml_collections' config_flags. Every error a user can cause (a config file that does not
-parse, a bad key or value, an unusable or busy workdir, a malformed corpus) prints one
-line `error: ...` and exits with status 2 before anything is compiled (`--verbose`
-shows the traceback and the libraries' logs). Rerunning a command resumes its workdir.
+parse, a bad key or value, a flag without its value, an argument that is no flag, an
+unusable or busy workdir, a malformed corpus) prints one line `error: ...` and exits
+with status 2 before anything is compiled (`--verbose` shows the traceback and the
+libraries' logs). Rerunning a command resumes its workdir.
 An exception in any other thread ends the run too, in one line and status 1
 (`research.training.thread_failures`).
 
