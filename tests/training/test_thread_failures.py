@@ -72,6 +72,8 @@ def _inject(case: str) -> None:
       final = os.path.join(os.path.dirname(self.path), "final_metrics.json")
       threading.Thread(target=lambda: (_wait_for(final), _fail()), name="late").start()
     else:
+      if case == "blocked":               # under load an async save can lag: step 20's first
+        _wait_for(os.path.join(os.path.dirname(self.path), "checkpoints", "20"))
       thread = threading.Thread(target=_fail, name="injected")
       thread.start()
       thread.join()
