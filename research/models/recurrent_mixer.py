@@ -42,21 +42,43 @@ def recurrence_defaults() -> dict[str, dict[str, Any]]:
 
 
 def check_recurrence(recurrence: Mapping[str, Mapping[str, Any]] | None,
-                     state_size: int = 64) -> None:
-  """ValueError naming the first unknown kind or option, or value a layer refuses (with
-  `state_size` states)."""
-  for kind, options in (recurrence or {}).items():
-    if kind not in LINEAR_RECURRENT:
-      raise ValueError(f"{kind!r} is not a linear recurrence; the kinds are "
+                     state_size: int = 64, kind: str | None = None) -> None:
+  """ValueError naming the first unknown kind or option, or value a layer refuses: with
+  `state_size` states every kind's layer, or, given the model's `kind`, that one's alone
+  (another kind's options are checked as options, whatever the state size: S5's even
+  state sizes are no LRU's concern)."""
+  for name, options in (recurrence or {}).items():
+    if name not in LINEAR_RECURRENT:
+      raise ValueError(f"{name!r} is not a linear recurrence; the kinds are "
                        f"{', '.join(LINEAR_RECURRENT)}")
-    for name in options:
-      if name not in OPTIONS[kind]:
-        raise ValueError(f"{kind}.{name} is not an option of {kind}; its options are "
-                         f"{', '.join(OPTIONS[kind])}")
+    for option in options:
+      if option not in OPTIONS[name]:
+        raise ValueError(f"{name}.{option} is not an option of {name}; its options are "
+                         f"{', '.join(OPTIONS[name])}")
     try:
-      LINEAR_RECURRENT[kind](state_size=state_size, **options).check_config()
+      layer = linear_recurrence(name, state_size, recurrence)
+      if kind in (None, name):
+        layer.check_config()
+      else:
+        layer.check_options()
     except (TypeError, ValueError) as error:
-      raise ValueError(f"{kind}: {error}") from None
+      raise ValueError(f"{name}: {error}") from None
+
+
+def linear_recurrence(kind: str, state_size: int,
+                      recurrence: Mapping[str, Mapping[str, Any]] | None = None) -> nn.Module:
+  """The layer of `kind` (LRU, S5) with `state_size` states and recurrence[kind]'s options,
+  unbound: for its checks and sizes."""
+  return LINEAR_RECURRENT[kind](state_size=state_size, **dict((recurrence or {}).get(kind, {})))
+
+
+def recurrence_parameters(kind: str, state_size: int, features: int,
+                          recurrence: Mapping[str, Mapping[str, Any]] | None = None) -> int:
+  """About how many parameters a bidirectional recurrence of `kind` has for `features`:
+  per kept state P λ's (or Λ's and the step's) 3 numbers, B̃ [P, F] and C̃ [2, F, P] complex;
+  D [F]."""
+  states = linear_recurrence(kind, state_size, recurrence).num_states
+  return states * (3 + 6 * features) + features
 
 
 class RecurrentMixer(nn.Module):
@@ -84,7 +106,7 @@ def block_mixer(kind: str, self_attention: Callable[[], Callable[..., nn.Module]
   self_attention.py) for "transformer", RecurrentMixer for the LINEAR_RECURRENT kinds with
   the options recurrence[kind] (the layer's defaults where absent)."""
   if kind in LINEAR_RECURRENT:
-    check_recurrence(recurrence, state_size)
+    check_recurrence(recurrence, state_size, kind)
     options = dict((recurrence or {}).get(kind, {}))
     return functools.partial(RecurrentMixer, LINEAR_RECURRENT[kind], state_size,
                              options=options, dtype=dtype)

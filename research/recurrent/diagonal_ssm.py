@@ -23,6 +23,8 @@ The matrix products with B̄ and C run in `dtype` (None: float32) with float32
 accumulation; the state is complex64 and the recurrence runs in it.
 """
 
+import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -75,7 +77,18 @@ class DiagonalSSM(nn.Module):
     raise NotImplementedError
 
   def check_config(self) -> None:
-    """Subclasses add their own checks; all run before anything is traced."""
+    """ValueError for a field the layer refuses: `check_options`, then the state size's
+    own checks (subclasses'); all run before anything is traced."""
+    self.check_options()
+
+  def check_options(self) -> None:
+    """ValueError for an option the layer refuses whatever its state size (subclasses add
+    theirs): every float field (a ring's radius, a phase, a time step) finite, the mode,
+    the chunk size."""
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{field.name} must be a finite number, got {value!r}")
     if self.mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
     if not isinstance(self.chunk_size, int) or self.chunk_size < 1:

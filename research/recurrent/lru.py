@@ -11,8 +11,9 @@ For x [B, T, H] and N complex states:
 The exponential parametrisation keeps |λ| < 1 for any ν_log; γ normalises the state's
 variance at initialisation. Ring initialisation: |λ| uniform on the ring
 [r_min, r_max] in area, ν_log = log(−½ log(u₁ (r_max² − r_min²) + r_min²)), and phase
-θ = max_phase · u₂ (u₁, u₂ ~ U(0, 1)); B_re, B_im ~ N(0, 1/(2H)), C_re, C_im ~ N(0, 1/N),
-D ~ N(0, 1).
+θ = max_phase · u₂ (u₁, u₂ ~ U(0, 1)), 0 < max_phase ≤ 2π; B_re, B_im ~ N(0, 1/(2H)),
+C_re, C_im ~ N(0, 1/N), D ~ N(0, 1). In float32, |λ|² is kept inside (0, 1) and θ above
+0, so that ν_log, θ_log and γ_log are finite for every ring and phase allowed.
 
 Parameters: nu_log, theta_log, gamma_log [N]; B_re, B_im [N, H]; C_re, C_im [H, N]
 ([2, H, N] when bidirectional: C_fwd, C_bwd); D [H]. Running over sequences (parallel or
@@ -26,6 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from research.recurrent.diagonal_ssm import DiagonalSSM, System
+
+_FLOAT32 = jnp.finfo(jnp.float32)
 
 
 def _normal(stddev: float) -> nn.initializers.Initializer:
@@ -47,28 +50,35 @@ class LRU(DiagonalSSM):
     super().check_config()
     if not isinstance(self.state_size, int) or self.state_size < 1:
       raise ValueError(f"state_size must be a positive int, got {self.state_size!r}")
+
+  def check_options(self) -> None:
+    super().check_options()
     if not 0.0 <= self.r_min < self.r_max <= 1.0:
       raise ValueError(f"need 0 <= r_min < r_max <= 1, got r_min={self.r_min!r}, "
                        f"r_max={self.r_max!r}")
-    if not self.max_phase > 0.0:
-      raise ValueError(f"max_phase must be positive, got {self.max_phase!r}")
+    if not 0.0 < self.max_phase <= 2 * math.pi:
+      raise ValueError(f"max_phase must be in (0, 2π] (λ's phase is an angle: 2π draws every "
+                       f"one), got {self.max_phase!r}")
 
   def _nu_log_init(self, key, shape, dtype):
     u = jax.random.uniform(key, shape, jnp.float32)
     squared = u * (self.r_max**2 - self.r_min**2) + self.r_min**2
+    # |λ|² within (0, 1) in float32, so that ν_log is finite for any ring in [0, 1]
+    squared = jnp.clip(squared, _FLOAT32.tiny, 1.0 - _FLOAT32.epsneg)
     return jnp.log(-0.5 * jnp.log(squared)).astype(dtype)
 
   def _theta_log_init(self, key, shape, dtype):
-    return jnp.log(self.max_phase * jax.random.uniform(key, shape, jnp.float32)).astype(dtype)
+    phase = self.max_phase * jax.random.uniform(key, shape, jnp.float32)
+    return jnp.log(jnp.maximum(phase, _FLOAT32.tiny)).astype(dtype)   # θ = 0 as a finite log
 
   @nn.compact
   def system(self, features: int) -> System:
     n, param = self.state_size, lambda name, init, shape: self.param(name, init, shape, self.param_dtype)
     nu_log = param("nu_log", self._nu_log_init, (n,))
     theta_log = param("theta_log", self._theta_log_init, (n,))
-    magnitude = lambda nu: jnp.exp(-jnp.exp(nu.astype(jnp.float32)))
-    gamma_log = self.param("gamma_log", lambda _: jnp.log(jnp.sqrt(1.0 - magnitude(nu_log)**2))
-                           .astype(self.param_dtype))
+    # γ = √(1 − |λ|²) = √(−expm1(−2 exp(ν_log))): finite for |λ| within float32's 1 too
+    gamma_log = self.param("gamma_log", lambda _: (0.5 * jnp.log(-jnp.expm1(
+        -2.0 * jnp.exp(nu_log.astype(jnp.float32))))).astype(self.param_dtype))
     b_re = param("B_re", _normal(1.0 / math.sqrt(2 * features)), (n, features))
     b_im = param("B_im", _normal(1.0 / math.sqrt(2 * features)), (n, features))
     c_shape = (2, features, n) if self.bidirectional else (features, n)

@@ -19,7 +19,7 @@ C [H, N] (complex) drawn as LeCun truncated normals of fan-in N. With `blocks` J
 N-state matrix is block-diagonal with J copies of the (N/J)-state one. With conjugate
 symmetry (`conj_sym`, the paper's default) the eigenvalues come in conjugate pairs and only
 the half with Im Λ < 0 is kept, P = N/2, and s = 2 makes y real as with all N (s = 1,
-P = N otherwise). log_step ~ U(log dt_min, log dt_max); D ~ N(0, 1).
+P = N otherwise). log_step ~ U(log dt_min, log dt_max), 0 < dt_min ≤ dt_max ≤ 174; D ~ N(0, 1).
 
 Parameters: Lambda_re, Lambda_im, log_step [P]; B [P, H, 2] (B̃'s real and imaginary
 parts); C [H, P, 2] ([2, H, P, 2] when bidirectional: C̃_fwd, C̃_bwd); D [H]. Running over
@@ -33,6 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from research.recurrent.diagonal_ssm import DiagonalSSM, System
+
+# The largest dt_max: Λ̄ = exp(Λ Δ) with Re Λ = −½ at initialisation, |Λ̄| = exp(−87) a
+# normal float32 number (the smallest is exp(−87.3))
+DT_LIMIT = 174.0
 
 
 def hippo_n(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,16 +71,29 @@ class S5(DiagonalSSM):
 
   def check_config(self) -> None:
     super().check_config()
-    for name, value in (("state_size", self.state_size), ("blocks", self.blocks)):
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(self.state_size, int) or self.state_size < 1:
+      raise ValueError(f"state_size must be a positive int, got {self.state_size!r}")
     step = 2 * self.blocks if self.conj_sym else self.blocks
     if self.state_size % step:
       raise ValueError(f"state_size must be a multiple of {'2 × ' if self.conj_sym else ''}"
                        f"blocks = {step} (conj_sym={self.conj_sym}), got {self.state_size}")
-    if not 0.0 < self.dt_min <= self.dt_max:
-      raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min!r}, "
-                       f"dt_max={self.dt_max!r}")
+
+  def check_options(self) -> None:
+    super().check_options()
+    if not isinstance(self.blocks, int) or self.blocks < 1:
+      raise ValueError(f"blocks must be a positive int, got {self.blocks!r}")
+    if not 0.0 < self.dt_min <= self.dt_max <= DT_LIMIT:
+      raise ValueError(f"need 0 < dt_min <= dt_max <= {DT_LIMIT:g}, got dt_min="
+                       f"{self.dt_min!r}, dt_max={self.dt_max!r} (a longer step makes the "
+                       "initial |Λ̄| = exp(−Δ/2) underflow float32's normal numbers: every "
+                       "state would forget its past at each step)")
+
+  def init_host_bytes(self) -> int:
+    """About the host memory (bytes) that the HiPPO-N initialisation takes: NumPy's
+    eigendecomposition of one (N/J)-state block (float64 and complex128 matrices and
+    LAPACK's workspace: 96 (N/J)², measured 90) and V [N, P] as complex128 and complex64."""
+    block = self.state_size // self.blocks
+    return 96 * block**2 + 24 * self.state_size * self.num_states + 8 * self.blocks**2
 
   def eigen_init(self) -> tuple[np.ndarray, np.ndarray]:
     """Λ [P] and V [N, P]: the kept eigenvalues and eigenvectors of the block-diagonal

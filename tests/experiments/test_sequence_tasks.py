@@ -92,11 +92,11 @@ def test_sweep_covers_every_model_and_length_and_validates():
     ({"model.recurrence.lru.r_min": 1.5}, "config.model.recurrence: lru: need 0 <= r_min < "
                                           "r_max <= 1, got r_min=1.5"),
     ({"model.recurrence.s5.dt_min": 0.5}, "config.model.recurrence: s5: need 0 < dt_min <= "
-                                          "dt_max, got dt_min=0.5"),
+                                          "dt_max <= 174, got dt_min=0.5"),
     ({"model.recurrence.lru.mode": "fast"}, "config.model.recurrence: lru: mode must be one of "
                                             "('parallel', 'stepwise'), got 'fast'"),
-    ({"model.recurrence.s5.blocks": 3}, "config.model.recurrence: s5: state_size must be a "
-                                        "multiple of 2 × blocks = 6"),
+    ({"model.kind": "s5", "model.recurrence.s5.blocks": 3},
+     "config.model.recurrence: s5: state_size must be a multiple of 2 × blocks = 6"),
     ({"data.task": "adding", "data.length": 1}, "config.data.length=1 must be >= 2 for the "
                                                 "adding problem"),
     ({"data.task": "recall", "data.num_items": 6}, "config.data.num_items=6 must be <= "

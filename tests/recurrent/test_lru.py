@@ -153,11 +153,37 @@ def test_bfloat16_computation():
     (dict(mode="sequential"), r"mode must be one of \('parallel', 'stepwise'\)"),
     (dict(r_min=0.9, r_max=0.5), "need 0 <= r_min < r_max <= 1"),
     (dict(state_size=0), "state_size must be a positive int"),
-    (dict(max_phase=0.0), "max_phase must be positive"),
+    (dict(max_phase=0.0), r"max_phase must be in \(0, 2π\]"),
+    (dict(max_phase=7.0), r"max_phase must be in \(0, 2π\]"),
+    (dict(max_phase=math.inf), "max_phase must be a finite number, got inf"),
+    (dict(max_phase=math.nan), "max_phase must be a finite number, got nan"),
+    (dict(r_max=math.inf), "r_max must be a finite number, got inf"),
+    (dict(r_min=math.nan), "r_min must be a finite number, got nan"),
 ])
 def test_bad_config_is_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
     jax.eval_shape(lambda: LRU(**kwargs).init(jax.random.key(0), jnp.zeros((B, T, H))))
+
+
+@pytest.mark.parametrize("kwargs", [dict(r_min=0.0, r_max=1e-30), dict(r_min=1 - 1e-12),
+                                    dict(max_phase=1e-300)])
+def test_every_ring_and_phase_allowed_initialises_finite_parameters(kwargs):
+  """A ring whose |λ|² is 0 or 1 in float32, or phases that are 0 there, would make ν_log,
+  θ_log or γ_log infinite (and AdamW's weight decay turns an infinite parameter into NaN):
+  they stay finite, γ = √(1 − |λ|²) computed in float64 from ν_log, and |λ| within the
+  ring as far as float32 holds it (|λ|² from its smallest normal number to 1 − 2⁻²⁴)."""
+  r_min, r_max = kwargs.get("r_min", 0.0), kwargs.get("r_max", 1.0)
+  module = LRU(state_size=256, **kwargs)
+  p = init(module, key(1), jnp.zeros((1, 1, H)))["params"]
+  for name, value in p.items():
+    assert np.all(np.isfinite(value)), name
+  magnitude = np.exp(-np.exp(np.asarray(p["nu_log"], np.float64)))
+  tiny, below_one = np.finfo(np.float32).tiny, 1 - 2.0**-24
+  assert np.all(magnitude <= max(r_max, math.sqrt(tiny)) * (1 + 1e-6))
+  assert np.all(magnitude >= min(r_min, math.sqrt(below_one)) * (1 - 1e-6))
+  np.testing.assert_allclose(np.exp(2 * np.asarray(p["gamma_log"], np.float64)),
+                             -np.expm1(-2 * np.exp(np.asarray(p["nu_log"], np.float64))),
+                             rtol=1e-5)
 
 
 def test_bad_inputs_are_refused():

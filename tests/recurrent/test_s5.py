@@ -5,6 +5,9 @@ eigendecomposition, and the two forms and the single steps against each other. P
 against each sequence alone, causality and dtypes run through the body S5 shares with LRU
 (`DiagonalSSM`) and are tested in test_lru.py."""
 
+import math
+import tracemalloc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -151,8 +154,37 @@ def test_step_by_step_equals_the_sequence():
     (dict(state_size=6, blocks=2), r"state_size must be a multiple of 2 × blocks = 4"),
     (dict(state_size=7, conj_sym=False, blocks=2), r"multiple of blocks = 2 \(conj_sym=False\)"),
     (dict(dt_min=0.1, dt_max=0.01), "need 0 < dt_min <= dt_max"),
+    (dict(dt_max=175.0), r"need 0 < dt_min <= dt_max <= 174, got dt_min=0\.001, dt_max=175\.0 "
+                         r"\(a longer step makes the initial \|Λ̄\| = exp\(−Δ/2\) underflow"),
+    (dict(dt_max=math.inf), "dt_max must be a finite number, got inf"),
+    (dict(dt_min=math.nan), "dt_min must be a finite number, got nan"),
     (dict(mode="scan"), "mode must be one of"),
 ])
 def test_bad_config_is_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
     jax.eval_shape(lambda: S5(**kwargs).init(jax.random.key(0), jnp.zeros((B, T, H))))
+
+
+def test_the_largest_time_step_allowed_keeps_outputs_and_gradients_finite():
+  """Δ = 174 at initialisation: |Λ̄| = exp(−87) is still a normal float32 number."""
+  module = S5(state_size=16, dt_min=174.0, dt_max=174.0, bidirectional=True)
+  x = randn(0, B, T, H)
+  variables = init(module, key(1), x)
+  y, grads = outputs_and_grads(run, module, variables, x, randn(1, B, T, H))
+  for leaf in jax.tree.leaves((variables, y, grads)):
+    assert np.all(np.isfinite(leaf))
+
+
+@pytest.mark.parametrize("kwargs", [dict(state_size=256, conj_sym=False),
+                                    dict(state_size=256, blocks=4)])
+def test_init_host_bytes_covers_what_the_initialisation_allocates(kwargs):
+  """The host memory S5 reports for its HiPPO-N initialisation (what the experiments
+  check before building) is at least what NumPy allocates for it (tracemalloc's peak)."""
+  module = S5(**kwargs)
+  tracemalloc.start()
+  try:
+    module.eigen_init()
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert peak <= module.init_host_bytes() <= 4 * peak
