@@ -50,6 +50,30 @@ from research.attention.heads import (
 
 Array = jax.Array
 SELF_LOGIT = -1e5   # the logit of a token for itself (the paper's 10⁵ penalty)
+INT32_MAX = 2**31 - 1
+
+
+def check_lsh_sizes(length: int, chunk_size: int, num_hashes: int,
+                    num_buckets: int | None = None) -> None:
+  """ValueError unless LSH attention over `length` positions runs: positive sizes, and the
+  sort keys (round · (nb + 1) + bucket) · n + t of `lsh_attention` within int32 for the
+  length n padded to a multiple of the chunk (of 2 · chunk_size, and nb = n / chunk_size,
+  when num_buckets is None: `LSHSelfAttention`)."""
+  check_positive("chunk_size", chunk_size)
+  check_positive("num_hashes", num_hashes)
+  multiple = chunk_size * (2 if num_buckets is None else 1)
+  padded = -(-length // multiple) * multiple
+  buckets = num_buckets or padded // chunk_size
+  per_round = (buckets + 1) * padded
+  if per_round > INT32_MAX + 1:
+    raise ValueError(f"{length} positions (padded to {padded}, chunk_size={chunk_size}) in "
+                     f"{buckets} buckets need sort keys up to (buckets + 1) · length = "
+                     f"{per_round:,} in a single round, beyond int32; make them fewer")
+  if num_hashes * per_round > INT32_MAX + 1:
+    raise ValueError(f"num_hashes={num_hashes} rounds of {buckets} buckets over {padded} "
+                     f"positions need sort keys up to num_hashes · (buckets + 1) · length = "
+                     f"{num_hashes * per_round:,}, beyond int32; at most "
+                     f"{(INT32_MAX + 1) // per_round:,} rounds there")
 
 
 def lsh_rotations(key: Array, head_dim: int, num_buckets: int, num_hashes: int) -> Array:
@@ -95,6 +119,7 @@ def lsh_attention(qk: Array, v: Array, rotations: Array, *, chunk_size: int,
   if n % chunk_size:
     raise ValueError(f"length {n} must be a multiple of chunk_size ({chunk_size})")
   rounds, num_buckets = rotations.shape[0], 2 * rotations.shape[2]
+  check_lsh_sizes(n, chunk_size, rounds, num_buckets)
   valid = key_validity(b, n, key_value_seq_lengths)                          # [b, n]
 
   # Sort the R·n occurrences by (round, bucket, position), padding in a last bucket nb
@@ -168,8 +193,8 @@ class LSHSelfAttention(HeadsSelfAttention):
   @nn.compact
   def __call__(self, x: Array, *, is_causal: bool = False,
                key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
-    check_positive("chunk_size", self.chunk_size)
     n = x.shape[1]
+    check_lsh_sizes(n, self.chunk_size, self.num_hashes, self.num_buckets)
     multiple = self.chunk_size * (2 if self.num_buckets is None else 1)
     padded, lengths = pad_length(x, key_value_seq_lengths, multiple)
     qk, v = self.project(padded, ("query", "value"))

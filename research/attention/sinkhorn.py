@@ -67,6 +67,16 @@ def sinkhorn_normalize(log_alpha: Array, allowed: Array, *, iterations: int,
   return jnp.where(allowed, jnp.exp(x), 0.0)
 
 
+def check_sinkhorn_sizes(max_len: int, block_size: int) -> None:
+  """ValueError unless blocks of `block_size` fit inputs of up to `max_len` positions: a
+  longer block would only pad every input to it (`SinkhornSelfAttention`)."""
+  check_positive("max_len", max_len)
+  check_positive("block_size", block_size)
+  if block_size > max_len:
+    raise ValueError(f"block_size={block_size} must be at most the longest input, "
+                     f"max_len={max_len} (a longer block is all padding)")
+
+
 def _blocks(x: Array, block_size: int) -> Array:
   """[b, n, ...] -> [b, n / block_size, block_size, ...]."""
   return x.reshape(x.shape[0], x.shape[1] // block_size, block_size, *x.shape[2:])
@@ -163,8 +173,7 @@ class SinkhornSelfAttention(HeadsSelfAttention):
   @nn.compact
   def __call__(self, x: Array, *, is_causal: bool = False,
                key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
-    check_positive("block_size", self.block_size)
-    check_positive("max_len", self.max_len)
+    check_sinkhorn_sizes(self.max_len, self.block_size)
     n = x.shape[1]
     if n > self.max_len:
       raise ValueError(f"input length {n} exceeds max_len ({self.max_len}) of the sort network")

@@ -59,7 +59,12 @@ from research.data import python_corpus
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError, InputError
 from research.experiments.registry import register
-from research.experiments.stack_config import check_stack_keys, parameter_count, parameter_keys
+from research.experiments.stack_config import (
+  check_stack_keys,
+  check_stack_sizes,
+  parameter_count,
+  parameter_keys,
+)
 from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel, sample
 from research.training.experiment import Report, Workload
@@ -96,6 +101,7 @@ def validate(config) -> None:
   if d.stdlib and not os.path.isdir(d.stdlib):
     raise ConfigError(f"config.data.stdlib={d.stdlib!r} is not a directory; give a Python "
                       "library directory (a Lib), or '' for the running interpreter's")
+  check_stack_sizes(config, d.context, f"config.data.context={d.context}")
   check_memory(config)
 
 

@@ -31,7 +31,12 @@ from research.data import listops
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError, InputError
 from research.experiments.registry import register
-from research.experiments.stack_config import check_stack_keys, parameter_count, parameter_keys
+from research.experiments.stack_config import (
+  check_stack_keys,
+  check_stack_sizes,
+  parameter_count,
+  parameter_keys,
+)
 from research.models.block_stack import POSITIONS
 from research.models.encoder_classifier import POOLINGS, EncoderClassifier
 from research.models.kinds import BLOCK_KINDS
@@ -75,6 +80,9 @@ def validate(config) -> None:
     raise ConfigError(f"config.data.min_tree_length={d.min_tree_length} must be below "
                       f"{MAX_MIN_TREE_LENGTH}: LRA's recipe draws a longer tree less than once "
                       "in 10 000 trees, so generating the splits would not end")
+  cls = config.model.pooling == "cls"      # the CLS token before the tokens
+  check_stack_sizes(config, d.max_length + cls, f"config.data.max_length={d.max_length}"
+                    + (" and the CLS token" if cls else ""))
   if d.files and not os.path.isdir(d.files):
     raise ConfigError(f"config.data.files={d.files!r} is not a directory; give one holding "
                       "train.tsv, val.tsv, test.tsv (or LRA's basic_*.tsv), or '' to generate")

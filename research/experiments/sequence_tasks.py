@@ -31,7 +31,12 @@ from research.data import sequence_tasks as data
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError
 from research.experiments.registry import register
-from research.experiments.stack_config import check_stack_keys, parameter_count, parameter_keys
+from research.experiments.stack_config import (
+  check_stack_keys,
+  check_stack_sizes,
+  parameter_count,
+  parameter_keys,
+)
 from research.models.kinds import KINDS, RECURRENT
 from research.models.sequence_model import SequenceModel
 from research.training import validation
@@ -61,6 +66,9 @@ def validate(config) -> None:
                       f"config.data.num_symbols={config.data.num_symbols} (recall's keys are "
                       "distinct)")
   m, d = config.model, config.data
+  check_stack_sizes(config, sequence_length(config), ", ".join(
+      f"config.{key}={validation.get(config, key)}"
+      for key in (LENGTH_KEYS[:1] if d.task == "adding" else LENGTH_KEYS)))
   if m.kind in RECURRENT:        # an LSTM layer: 8 h² at most
     keys, count = ("model.num_layers", "model.hidden_size"), m.num_layers * 8 * m.hidden_size**2
   else:

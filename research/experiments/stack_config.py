@@ -15,21 +15,41 @@ listops. Each key means the same in all three:
                                        options
   dropout_rate                         embeddings, both branches, the MLP's hidden units
   implementation, dtype                research.attention implementation, products' dtype
+
+Sizes are bounded by what the model can use and by memory (`check_stack_sizes`, once the
+inputs' length is known): a size counted in positions (POSITION_KEYS: the window, a
+block, Linformer's k, the compression stride) at most the longest input, which a larger
+one could only pad (Sinkhorn's blocks padded a 256-token input to 2³¹ positions);
+Reformer's sort keys within int32; S5's HiPPO-N initialisation (a NumPy eigendecomposition
+of an (N/J) × (N/J) matrix) within the host's memory; the parameters (`parameter_count`,
+the recurrences' with their state size) within it too, the experiment checks; the
+compiled step's memory, the compiler's (research/training/compile.py).
 """
 
 from research.attention import implementation_names
-from research.models.recurrent_mixer import check_recurrence
+from research.attention.reformer import check_lsh_sizes
+from research.errors import ConfigError
+from research.models.recurrent_mixer import (
+  LINEAR_RECURRENT,
+  check_recurrence,
+  linear_recurrence,
+  recurrence_parameters,
+)
 from research.models.self_attention import SELF_ATTENTIONS, check_attention
 from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
   check_divides,
+  check_host_memory,
   check_int,
   check_positive,
   check_rate,
   check_with,
 )
 
+POSITION_KEYS = {"local": "window", "longformer": "window", "sparse": "block_size",
+                 "bigbird": "block_size", "sinkhorn": "block_size", "reformer": "block_size",
+                 "linformer": "proj_len", "memory_compressed": "compression"}
 SIZES = ("model.hidden_size", "model.num_layers", "model.num_heads", "model.mlp_size",
          "model.window", "model.proj_len", "model.compression", "model.block_size",
          "model.num_features", "model.num_hashes", "model.state_size")
@@ -45,28 +65,58 @@ def check_stack_keys(config, *, causal: bool) -> None:
   check_positive(config, *sizes)
   check_int(config, *sizes)
   check_rate(config, "model.dropout_rate")
-  check_with(config, "model.recurrence", lambda options: check_recurrence(options, m.state_size))
+  check_with(config, "model.recurrence",
+             lambda options: check_recurrence(options, m.state_size, m.kind))
   if m.kind == "transformer":
     check_divides(config, "model.num_heads", "model.hidden_size")
     check_with(config, "model.attention",
                lambda name: check_attention(name, window=m.window, causal=causal))
 
 
+def check_stack_sizes(config, length: int, length_keys: str) -> None:
+  """ConfigError naming the first size of config.model that a model whose inputs have up
+  to `length` positions cannot use (see the module docstring); `length_keys` says what
+  sets that length, e.g. "config.data.max_length=255 and the CLS token"."""
+  m = config.model
+  if m.kind == "transformer":
+    key = POSITION_KEYS.get(m.attention)
+    if key is not None and m[key] > length:
+      raise ConfigError(f"config.model.{key}={m[key]} must be at most the longest input, "
+                        f"{length} positions ({length_keys}), with config.model.attention="
+                        f"{m.attention!r}: 1 … {length}")
+    if m.attention == "reformer":
+      check_with(config, "model.num_hashes",
+                 lambda rounds: check_lsh_sizes(length, m.block_size, rounds))
+  if m.kind == "s5":
+    layer = linear_recurrence("s5", m.state_size, m.recurrence)
+    block = m.state_size // layer.blocks
+    check_host_memory(config, ("model.state_size", "model.recurrence.s5.blocks"),
+                      layer.init_host_bytes(), f"S5's HiPPO-N initialisation (a NumPy "
+                      f"eigendecomposition of a {block} × {block} matrix)")
+
+
 def parameter_keys(config, *length_keys: str) -> tuple[str, ...]:
   """The keys that size the stack's parameters (`parameter_count`), with those of the
   experiment that set the inputs' length."""
-  extra = {"linformer": ("model.proj_len",),
-           "memory_compressed": ("model.compression",)}.get(config.model.attention, ())
+  m = config.model
+  extra = ("model.state_size",) if m.kind in LINEAR_RECURRENT else {
+      "linformer": ("model.proj_len",), "memory_compressed": ("model.compression",)}.get(
+          m.attention, ())
   return ("model.num_layers", "model.hidden_size", "model.mlp_size", *extra, *length_keys)
 
 
 def parameter_count(config, max_length: int) -> int:
   """About how many parameters the stack of config.model has for inputs up to max_length:
-  per block the attention's 4 F² and the MLP's 2 F·mlp_size, with linformer's projections
-  2 max_length·proj_len or memory_compressed's convolutions 2 compression·F²; positions
-  (learned, and a CLS vector) (max_length + 1)·F."""
+  per block the mixer's, the attention's 4 F² (with linformer's projections
+  2 max_length·proj_len or memory_compressed's convolutions 2 compression·F²) or a linear
+  recurrence's (`recurrence_parameters`: about 6 F per state), and the MLP's
+  2 F·mlp_size; positions (learned, and a CLS vector) (max_length + 1)·F."""
   m = config.model
-  attention = (2 * max_length * m.proj_len if m.attention == "linformer" else
-               2 * m.compression * m.hidden_size**2 if m.attention == "memory_compressed" else 0)
-  per_layer = 4 * m.hidden_size**2 + 2 * m.hidden_size * m.mlp_size + attention
+  if m.kind in LINEAR_RECURRENT:
+    mixer = recurrence_parameters(m.kind, m.state_size, m.hidden_size, m.recurrence)
+  else:
+    mixer = 4 * m.hidden_size**2 + (
+        2 * max_length * m.proj_len if m.attention == "linformer" else
+        2 * m.compression * m.hidden_size**2 if m.attention == "memory_compressed" else 0)
+  per_layer = mixer + 2 * m.hidden_size * m.mlp_size
   return m.num_layers * per_layer + (max_length + 1) * m.hidden_size

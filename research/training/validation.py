@@ -1,8 +1,8 @@
 """Configuration errors raised before anything is compiled.
 
-Numbers must be finite, ints fit int32 (the step counter's and the data's index type;
-the seed an int64), and data that would not fit the host's memory is refused with what
-it would need (`check_host_memory`).
+Every number of a config, at any depth (`check_numbers`), must be finite and, an int, fit
+int32 (the step counter's and the data's index type; the seed an int64), and data that
+would not fit the host's memory is refused with what it would need (`check_host_memory`).
 """
 
 import math
@@ -37,6 +37,7 @@ def check_choice(config, key: str, allowed: Iterable) -> None:
 
 
 INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
 SEED_MAX = 2**63 - 1            # jax.random.key takes an int64
 
 
@@ -131,6 +132,31 @@ def check_shared(config) -> None:
   if not (isinstance(config.train.adam_b2, (int, float)) and 0 <= config.train.adam_b2 < 1):
     raise ConfigError(f"config.train.adam_b2={config.train.adam_b2!r} must be in [0, 1)")
   distributed.check(config)
+  check_numbers(config)
+
+
+def check_numbers(config) -> None:
+  """Every number of the config, in nested groups, lists and tuples too (say
+  config.model.recurrence.lru.max_phase): a float finite, an int within int32 (config.seed
+  is the int64 that check_shared allows)."""
+  for key, value in _numbers(config, ""):
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(f"config.{key}={value!r} must be a finite number (not inf or nan)")
+    if isinstance(value, int) and key != "seed" and not INT32_MIN <= value <= INT32_MAX:
+      bound = f"at most {INT32_MAX}" if value > 0 else f"at least {INT32_MIN}"
+      raise ConfigError(f"config.{key}={value!r} must be {bound} (an int32)")
+
+
+def _numbers(node, key: str):
+  """(dotted key, number) for every int and float under node (bools are no numbers)."""
+  if isinstance(node, (ml_collections.ConfigDict, dict)):
+    for name, child in node.items():
+      yield from _numbers(child, f"{key}.{name}" if key else name)
+  elif isinstance(node, (list, tuple)):
+    for index, child in enumerate(node):
+      yield from _numbers(child, f"{key}[{index}]")
+  elif isinstance(node, (int, float)) and not isinstance(node, bool):
+    yield key, node
 
 
 def check_base_keys(config, what: str) -> None:

@@ -15,7 +15,12 @@ import reformer_pytorch
 import torch
 from random_draws import normal, random_params
 
-from research.attention.reformer import LSHSelfAttention, lsh_attention, lsh_rotations
+from research.attention.reformer import (
+  LSHSelfAttention,
+  check_lsh_sizes,
+  lsh_attention,
+  lsh_rotations,
+)
 
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
@@ -142,3 +147,23 @@ def test_bad_arguments_name_the_allowed_values():
     lsh_attention(x, x, jnp.zeros((1, 3, 2)), chunk_size=2)
   with pytest.raises(ValueError, match="num_buckets must be an even int"):
     lsh_rotations(jax.random.key(0), D, 3, 1)
+
+
+@pytest.mark.parametrize("chunk_size, num_hashes, message", [
+    (16, 100_000_000, r"num_hashes=100000000 rounds of 16 buckets over 256 positions need sort "
+                      r"keys up to num_hashes · \(buckets \+ 1\) · length = 435,200,000,000, "
+                      r"beyond int32; at most 493,447 rounds there"),
+    (2**31 - 1, 2, r"255 positions \(padded to 4294967294, chunk_size=2147483647\) in 2 "
+                   r"buckets need sort keys up to \(buckets \+ 1\) · length = 12,884,901,882 "
+                   r"in a single round, beyond int32"),
+])
+def test_sizes_whose_sort_keys_overflow_int32_are_refused(chunk_size, num_hashes, message):
+  """The sort key (round · (nb + 1) + bucket) · n + t of R rounds reaches R (nb + 1) n − 1:
+  R = 2³¹ / ((nb + 1) n) rounds are the most int32 holds, and the module refuses more (while
+  tracing: nothing is drawn) instead of overflowing (an OverflowError before)."""
+  most = 2**31 // (17 * 256)             # nb = 256 / 16 buckets of the 255 positions padded
+  check_lsh_sizes(255, 16, most)
+  assert most * 17 * 256 - 1 <= 2**31 - 1 < (most + 1) * 17 * 256 - 1
+  module = LSHSelfAttention(num_heads=1, chunk_size=chunk_size, num_hashes=num_hashes)
+  with pytest.raises(ValueError, match=message):
+    jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 255, 4)))

@@ -138,3 +138,8 @@ def test_bad_arguments_name_the_allowed_values():
   with pytest.raises(ValueError, match=r"input length 6 exceeds max_len \(5\)"):
     SinkhornSelfAttention(num_heads=H, max_len=5, block_size=2).init(jax.random.key(0),
                                                                       jnp.zeros((1, 6, 4)))
+  # a block past the longest input would pad every input to it (2³¹ positions aborted XLA)
+  with pytest.raises(ValueError, match=r"block_size=2147483647 must be at most the longest "
+                                       r"input, max_len=256 \(a longer block is all padding\)"):
+    jax.eval_shape(SinkhornSelfAttention(num_heads=H, max_len=256, block_size=2**31 - 1).init,
+                   jax.random.key(0), jnp.zeros((1, 256, 4)))

@@ -1,5 +1,8 @@
 """Config overrides: unknown keys and wrong types name the key and what is allowed."""
 
+import math
+
+import ml_collections
 import pytest
 
 from research.training.config import base_config, parse_variants
@@ -60,6 +63,36 @@ def test_apply_overrides_copies_and_checks_types():
 def test_shared_checks(key, value, message):
   with pytest.raises(ConfigError, match=message):
     check_shared(apply_overrides(base_config(), {key: value}))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("recurrence.lru.max_phase", math.inf, r"config\.model\.recurrence\.lru\.max_phase=inf "
+                                           r"must be a finite number \(not inf or nan\)"),
+    ("recurrence.s5.dt_max", -math.inf, r"config\.model\.recurrence\.s5\.dt_max=-inf must be"),
+    ("recurrence.s5.dt_min", math.nan, r"config\.model\.recurrence\.s5\.dt_min=nan must be"),
+    ("widths", [1.0, math.inf], r"config\.model\.widths\[1\]=inf must be a finite number"),
+    ("state_size", 2**31, r"config\.model\.state_size=2147483648 must be at most 2147483647 "
+                          r"\(an int32\)"),
+    ("recurrence.s5.blocks", -(2**31) - 1, r"config\.model\.recurrence\.s5\.blocks="
+                                           r"-2147483649 must be at least -2147483648"),
+])
+def test_every_number_at_any_depth_is_finite_and_an_int32(key, value, message):
+  """The rule holds for keys no experiment lists (an LRU's max_phase=inf passed before and
+  its run ended in a NaN loss); the seed alone is an int64."""
+  config = base_config()
+  config.model = ml_collections.ConfigDict({"recurrence": {"lru": {"max_phase": 1.0},
+                                                           "s5": {"dt_min": 1e-3, "dt_max": 0.1,
+                                                                  "blocks": 1}},
+                                            "widths": [1.0, 2.0], "state_size": 64})
+  config.seed = 2**40
+  check_shared(config)
+  parent, _, leaf = f"model.{key}".rpartition(".")
+  node = config
+  for part in parent.split("."):
+    node = node[part]
+  node[leaf] = value
+  with pytest.raises(ConfigError, match=message):
+    check_shared(config)
 
 
 @pytest.mark.parametrize("num_processes, process_id, message", [
