@@ -22,8 +22,9 @@ block, Linformer's k, the compression stride) at most the longest input, which a
 one could only pad (Sinkhorn's blocks padded a 256-token input to 2³¹ positions);
 Reformer's sort keys within int32; S5's HiPPO-N initialisation (a NumPy eigendecomposition
 of an (N/J) × (N/J) matrix) within the host's memory; the parameters (`parameter_count`,
-the recurrences' with their state size) within it too, the experiment checks; the
-compiled step's memory, the compiler's (research/training/compile.py).
+a recurrence's with its state size) within it too, as each experiment checks; and the
+compiled step within the device's memory, as the compiler reports it (performer's
+num_features, say: research/training/compile.py).
 """
 
 from research.attention import implementation_names
