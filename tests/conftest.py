@@ -1,10 +1,15 @@
 """Tests marked `gpu` or `tpu` run only where JAX's default backend is that accelerator;
-tests marked `slow` are started first.
+tests marked `slow` are started first. Besides the markers in the test files, tests/markers.txt
+marks tests `slow` (several seconds each) or `aot` (they need the `aot` extra's toolchains,
+and are skipped where those are missing): `python3 project.py quick` leaves out both.
 
 Parity tests state the float32 matrix precision they need with the `highest_precision`
 fixture (`pytestmark = pytest.mark.usefixtures("highest_precision")`): JAX's default on an
 NVIDIA GPU is TF32 (10-bit mantissa in products), which breaks comparisons against
 float32 references at tolerances like 1e-5."""
+
+import importlib.util
+import pathlib
 
 import pytest
 
@@ -12,10 +17,42 @@ from research import jax_start
 
 jax_start.cpu_unless_accelerators()   # the compile-only toolchains, without probing for chips
 ACCELERATOR_MARKERS = ("gpu", "tpu")
+MARKERS_FILE = pathlib.Path(__file__).with_name("markers.txt")
+AOT_MODULES = ("libtpu", "jax_cuda12_plugin", "nvidia.cudnn")   # what the `aot` extra installs
 
 
+def marked_here() -> list[tuple[str, str]]:
+  """(marker, node id) of each line of tests/markers.txt."""
+  lines = MARKERS_FILE.read_text(encoding="utf-8").splitlines()
+  return [tuple(line.split(maxsplit=1)) for line in lines if line and not line.startswith("#")]
+
+
+def is_under(nodeid: str, node: str) -> bool:
+  """Whether the test `nodeid` is `node` or one of its cases or tests."""
+  return nodeid == node or nodeid.startswith((f"{node}::", f"{node}["))
+
+
+def aot_installed() -> bool:
+  try:
+    return all(importlib.util.find_spec(name) for name in AOT_MODULES)
+  except ModuleNotFoundError:   # a parent package ("nvidia") is missing
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects by the markers given here
 def pytest_collection_modifyitems(config, items):
   del config
+  marked = marked_here()
+  for item in items:
+    for marker, node in marked:
+      if is_under(item.nodeid, node):
+        item.add_marker(marker)
+  if not aot_installed():
+    skip = pytest.mark.skip(reason="needs the aot extra's toolchains: python3 project.py test "
+                                   "installs them")
+    for item in items:
+      if "aot" in item.keywords:
+        item.add_marker(skip)
   # Slow tests first: the workers then finish together instead of one waiting out the tail.
   items.sort(key=lambda item: "slow" not in item.keywords)
   needing = [item for item in items if any(m in item.keywords for m in ACCELERATOR_MARKERS)]

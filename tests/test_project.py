@@ -165,3 +165,20 @@ def test_a_benchmark_refuses_a_bad_argument_in_one_line_before_it_starts(
   err = capsys.readouterr().err
   assert exit_.value.code == 2 and err.count("\n") == 1, err
   assert err.startswith(f"error: {names}") and shows in err, err
+
+
+def test_every_test_that_tests_markers_txt_names_exists():
+  """A renamed test would drop out of its marker silently (and a slow or aot test run in
+  `quick`): each line names a marker the quick tier leaves out, and a test file that exists
+  with the function (or class) it names."""
+  lines = [line for line in open(os.path.join(ROOT, "tests", "markers.txt"), encoding="utf-8")
+           if line.strip() and not line.startswith("#")]
+  assert len(set(lines)) == len(lines) > 0
+  for line in lines:
+    marker, node = line.split()
+    assert marker in ("slow", "aot"), line
+    path, *names = node.split("::")
+    source = open(os.path.join(ROOT, path), encoding="utf-8").read()
+    for name in names:
+      name = name.split("[")[0]
+      assert f"def {name}(" in source or f"class {name}" in source, line
