@@ -33,7 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import arguments  # noqa: E402
+import cli  # noqa: E402
 
 from research import jax_start  # noqa: E402
 
@@ -108,11 +108,11 @@ def report_path(text: str) -> str:
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = arguments.Parser(description=__doc__.splitlines()[0])
+  parser = cli.Parser(description=__doc__.splitlines()[0])
   parser.add_argument("--output", type=report_path,
                       default=os.path.join(ROOT, "runs", "accelerator_report.md"))
   parser.add_argument("--suite", action="store_true", help="run the whole suite on a CPU too")
-  return arguments.parse(parser, argv)
+  return cli.parse(parser, argv)
 
 
 def main():
@@ -152,4 +152,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

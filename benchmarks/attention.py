@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 
-import arguments
+import cli
 
 from research import jax_start
 
@@ -114,15 +114,15 @@ def torch_peak_bytes(batch: int, length: int) -> int:
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = arguments.Parser(description=__doc__.splitlines()[0])
-  parser.add_argument("--lengths", type=arguments.positive_ints, default="512,2048,8192,16384",
+  parser = cli.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--lengths", type=cli.positive_ints, default="512,2048,8192,16384",
                       help="comma list of L (CPU)")
-  parser.add_argument("--repeats", type=arguments.positive_int, default=3)
-  parser.add_argument("--pause", type=arguments.non_negative_float, default=0.2,
+  parser.add_argument("--repeats", type=cli.positive_int, default=3)
+  parser.add_argument("--pause", type=cli.non_negative_float, default=0.2,
                       help="seconds idle before each call")
-  parser.add_argument("--inner", type=arguments.positive_int, default=10,
+  parser.add_argument("--inner", type=cli.positive_int, default=10,
                       help="steps per timed call (GPU)")
-  return arguments.parse(parser, argv)
+  return cli.parse(parser, argv)
 
 
 def main():
@@ -152,4 +152,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -19,7 +19,7 @@ interleaved run with our chunked attention (block 256) and torch's fused
 import argparse
 import os
 
-import arguments
+import cli
 
 from research import jax_start
 
@@ -66,11 +66,11 @@ def tiled_length(text: str) -> int:
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-  parser = arguments.Parser(description=__doc__.splitlines()[0])
+  parser = cli.Parser(description=__doc__.splitlines()[0])
   parser.add_argument("--length", type=tiled_length, default=2048,
                       help=f"L, a multiple of the tile size {BLOCK}")
-  parser.add_argument("--repeats", type=arguments.positive_int, default=5)
-  return arguments.parse(parser, argv)
+  parser.add_argument("--repeats", type=cli.positive_int, default=5)
+  return cli.parse(parser, argv)
 
 
 def main():
@@ -91,4 +91,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -24,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import arguments  # noqa: E402
+import cli  # noqa: E402
 
 from research import jax_start  # noqa: E402
 
@@ -80,19 +80,19 @@ def row(name: str, target: str, workdir: str) -> str:
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   """The arguments, each target's toolchain checked too: a table of targets this machine
   cannot compile for would be a table of refusals."""
-  parser = arguments.Parser(description=__doc__.splitlines()[0])
-  parser.add_argument("--targets", type=arguments.names_of(targets.TARGETS),
+  parser = cli.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--targets", type=cli.names_of(targets.TARGETS),
                       default="tpu-v5e-1,tpu-v4-8,h100,t4")
-  parser.add_argument("--experiments", type=arguments.names_of(EXPERIMENTS),
+  parser.add_argument("--experiments", type=cli.names_of(EXPERIMENTS),
                       default=",".join(EXPERIMENTS))
   parser.add_argument("--attention_targets",
-                      type=arguments.names_of(targets.TARGETS, allow_empty=True),
+                      type=cli.names_of(targets.TARGETS, allow_empty=True),
                       default="tpu-v5e-1",
                       help="targets of the lra preset with each other attention ('': none)")
-  return arguments.parse(parser, argv, check_toolchains)
+  return cli.parse(parser, argv, check_toolchains)
 
 
-def check_toolchains(parser: arguments.Parser, args: argparse.Namespace) -> None:
+def check_toolchains(parser: cli.Parser, args: argparse.Namespace) -> None:
   """Refuses targets this machine cannot compile for (the `aot` extra missing)."""
   for name in dict.fromkeys([*args.targets, *args.attention_targets]):
     try:
@@ -114,4 +114,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -39,7 +39,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import arguments  # noqa: E402
+import cli  # noqa: E402
 
 from research import jax_start  # noqa: E402
 
@@ -133,24 +133,24 @@ TPUS = [name for name, target in targets.TARGETS.items() if target.platform == "
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   """The arguments, checked (a column of refusals is no measurement)."""
-  parser = arguments.Parser(description=__doc__.splitlines()[0])
-  parser.add_argument("--lengths", type=arguments.positive_ints, default="1024,2048,3072,4096")
-  parser.add_argument("--memory_lengths", type=arguments.positive_ints, default="4096,16384",
+  parser = cli.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,3072,4096")
+  parser.add_argument("--memory_lengths", type=cli.positive_ints, default="4096,16384",
                       help="two lengths, shorter first: the memory ratio's O(n) check")
-  parser.add_argument("--attentions", type=arguments.names_of((BASELINE, *SELF_ATTENTIONS)),
+  parser.add_argument("--attentions", type=cli.names_of((BASELINE, *SELF_ATTENTIONS)),
                       default=",".join((BASELINE, *SELF_ATTENTIONS)))
-  parser.add_argument("--batch", type=arguments.positive_int, default=1)
-  parser.add_argument("--tpu", type=arguments.name_of(TPUS, allow_empty=True),
+  parser.add_argument("--batch", type=cli.positive_int, default=1)
+  parser.add_argument("--tpu", type=cli.name_of(TPUS, allow_empty=True),
                       default="tpu-v4-1", help="compile-only target ('' to skip)")
-  parser.add_argument("--tpu_batch", type=arguments.positive_int, default=32)
-  parser.add_argument("--tpu_lengths", type=arguments.positive_ints, default="4096",
+  parser.add_argument("--tpu_batch", type=cli.positive_int, default=32)
+  parser.add_argument("--tpu_lengths", type=cli.positive_ints, default="4096",
                       help="lengths of --lengths compiled for the chip (about a minute each on "
                            "2 cores)")
-  parser.add_argument("--repeats", type=arguments.positive_int, default=3)
-  return arguments.parse(parser, argv, check_lengths_and_chip)
+  parser.add_argument("--repeats", type=cli.positive_int, default=3)
+  return cli.parse(parser, argv, check_lengths_and_chip)
 
 
-def check_lengths_and_chip(parser: arguments.Parser, args: argparse.Namespace) -> None:
+def check_lengths_and_chip(parser: cli.Parser, args: argparse.Namespace) -> None:
   """Refuses --memory_lengths that are not two lengths, the shorter first, --tpu_lengths
   outside --lengths and a --tpu chip this machine cannot compile for."""
   if len(args.memory_lengths) != 2 or args.memory_lengths[0] >= args.memory_lengths[1]:
@@ -215,4 +215,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

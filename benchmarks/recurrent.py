@@ -80,7 +80,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=wrong-import-position
-import arguments  # noqa: E402
+import cli  # noqa: E402
 
 from research import jax_start  # noqa: E402
 
@@ -374,39 +374,39 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   checked too when the linear section runs (a table of refusals is no measurement)."""
   with jax_start.held_back():   # JAX's backends start: the plugins log
     defaults = DEFAULTS.get(jax.default_backend(), DEFAULTS["cpu"])
-  parser = arguments.Parser(description=__doc__.splitlines()[0])
+  parser = cli.Parser(description=__doc__.splitlines()[0])
   parser.add_argument("--section", default="cells", choices=("cells", "linear", "all"),
                       help="the RNN / LSTM / GRU table against peers, the linear recurrences', "
                            "or both (default: %(default)s)")
-  parser.add_argument("--shapes", type=arguments.names_of(SHAPES, every="all"),
+  parser.add_argument("--shapes", type=cli.names_of(SHAPES, every="all"),
                       default=defaults["shapes"],
                       help=f"comma list of {list(SHAPES)}, or all (default here: %(default)s)")
-  parser.add_argument("--cells", type=arguments.names_of(CELLS), default=defaults["cells"],
+  parser.add_argument("--cells", type=cli.names_of(CELLS), default=defaults["cells"],
                       help=f"comma list of {list(CELLS)} (default here: %(default)s)")
-  parser.add_argument("--dtypes", type=arguments.names_of(DTYPES), default=defaults["dtypes"],
+  parser.add_argument("--dtypes", type=cli.names_of(DTYPES), default=defaults["dtypes"],
                       help=f"comma list of {list(DTYPES)} (default here: %(default)s)")
-  parser.add_argument("--repeats", type=arguments.positive_int, default=defaults["repeats"])
-  parser.add_argument("--pause", type=arguments.non_negative_float, default=defaults["pause"],
+  parser.add_argument("--repeats", type=cli.positive_int, default=defaults["repeats"])
+  parser.add_argument("--pause", type=cli.non_negative_float, default=defaults["pause"],
                       help="seconds idle before each timed call (default here: %(default)s)")
   parser.add_argument("--linear_shape", type=linear_shape, default="1,32,32",
                       help="linear section: B,H,N, batch, width and states (default: %(default)s)")
-  parser.add_argument("--lengths", type=arguments.positive_ints, default="1024,4096,16384",
+  parser.add_argument("--lengths", type=cli.positive_ints, default="1024,4096,16384",
                       help="linear section: comma list of T (default: %(default)s)")
-  parser.add_argument("--linear_repeats", type=arguments.positive_int, default=9,
+  parser.add_argument("--linear_repeats", type=cli.positive_int, default=9,
                       help="linear section: interleaved rounds per T (default: %(default)s)")
-  parser.add_argument("--linear_pause", type=arguments.non_negative_float, default=0.0,
+  parser.add_argument("--linear_pause", type=cli.non_negative_float, default=0.0,
                       help="linear section: seconds idle before each timed call (default: %(default)s)")
-  parser.add_argument("--compile_target", type=arguments.name_of(targets.TARGETS, allow_empty=True),
+  parser.add_argument("--compile_target", type=cli.name_of(targets.TARGETS, allow_empty=True),
                       default="tpu-v5e-1",
                       help="linear section: the research.aot target to compile for, or '' for "
                            "none (default: %(default)s)")
-  parser.add_argument("--compile_lengths", type=arguments.positive_ints, default="16384",
+  parser.add_argument("--compile_lengths", type=cli.positive_ints, default="16384",
                       help="linear section: comma list of T compiled for the target "
                            "(default: %(default)s)")
-  return arguments.parse(parser, argv, check_toolchain)
+  return cli.parse(parser, argv, check_toolchain)
 
 
-def check_toolchain(parser: arguments.Parser, args: argparse.Namespace) -> None:
+def check_toolchain(parser: cli.Parser, args: argparse.Namespace) -> None:
   """Refuses a --compile_target this machine cannot compile for (the linear section's)."""
   if args.section != "cells" and args.compile_target:
     try:
@@ -430,4 +430,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -182,3 +182,24 @@ def test_every_test_that_tests_markers_txt_names_exists():
     for name in names:
       name = name.split("[")[0]
       assert f"def {name}(" in source or f"class {name}" in source, line
+
+
+def test_a_benchmark_that_runs_out_of_memory_ends_in_one_line_with_exit_status_1(monkeypatch):
+  """NumPy's MemoryError and XLA's RESOURCE_EXHAUSTED (as `--lengths=2147483647` meets them)
+  end the run in one `error:` line (SystemExit with a message: exit status 1); any other
+  exception stays a traceback."""
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+  cli = importlib.import_module("cli")
+  for error in (MemoryError("Unable to allocate 4.00 TiB for an array with shape (1, "
+                            "2147483647, 8, 64) and data type float32"),
+                RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 4398046511104 bytes."
+                             "\nmore detail")):
+    def fails(error=error):
+      raise error
+    with pytest.raises(SystemExit) as exit_:
+      cli.run(fails)
+    message = exit_.value.code
+    assert message.startswith("error: out of memory: ") and "\n" not in message, message
+    assert str(error).splitlines()[0] in message
+  with pytest.raises(ZeroDivisionError):
+    cli.run(lambda: 1 / 0)

@@ -1,11 +1,15 @@
-"""The benchmarks' command-line arguments, checked before anything is compiled, timed or
-written: a bad value ends the run with one line, `error: argument --NAME: ...` naming what
-is allowed, and exit status 2 (argparse's usage message left out).
+"""The benchmarks' command line. Arguments are checked before anything is compiled, timed
+or written: a bad value ends the run with one line, `error: argument --NAME: ...` naming
+what is allowed, and exit status 2 (argparse's usage message left out). A run that does not
+fit this machine's memory ends with one `error:` line and exit status 1 (`run`).
 
     parser = Parser(description=...)
     parser.add_argument("--lengths", type=positive_ints, default="1024,4096")
     parser.add_argument("--attentions", type=names_of(("full", "linear")), default="full")
     args = parse(parser, argv, check)   # check(parser, args): parser.error(...) refuses
+    ...
+    if __name__ == "__main__":
+      run(main)
 
 String defaults go through `type` too (argparse's rule), so `args.lengths` is a list. The
 toolchains of the `aot` extra log to stderr when JAX starts (the benchmarks import JAX inside
@@ -124,3 +128,20 @@ def name_of(known, allow_empty: bool = False):
 
   name.__name__ = "name"
   return name
+
+
+OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "out of memory", "can't allocate memory")   # XLA, torch
+
+
+def run(main) -> None:
+  """Calls `main()`; an allocation this machine cannot make (NumPy's MemoryError, XLA's
+  RESOURCE_EXHAUSTED, torch's allocator) ends the run with one `error:` line, exit status 1."""
+  try:
+    main()
+  except Exception as error:  # noqa: BLE001 - each library names running out differently
+    text = str(error)
+    if not isinstance(error, MemoryError) and not any(
+        words.lower() in text.lower() for words in OUT_OF_MEMORY):
+      raise
+    lines = text.strip().splitlines() or [type(error).__name__]
+    sys.exit(f"error: out of memory: {lines[0][:200]}; choose smaller lengths or batches")
