@@ -38,13 +38,13 @@ ROOT = pathlib.Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
-PYTEST = ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]   # one worker per core;
-# tests of one xdist_group share a worker
+# one worker per core (pytest-xdist); tests of one xdist_group share a worker
+PYTEST = ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]
 TASKS = {
     # name: (pip extras, command run inside the environment; extra arguments go after it)
     "main": ("", ["launch.py"]),
     "test": ("test,aot", PYTEST),
-    "quick": ("test", [*PYTEST, "-m", "not slow and not aot"]),   # markers: pyproject.toml
+    "quick": ("test", [*PYTEST, "-m", "not slow and not aot"]),   # tests/markers.txt
     "bench": ("test,aot", []),   # benchmarks/NAME.py; aot: deviceless compiles
 }
 LINTED = ("test", "quick")   # `ruff check .` first
