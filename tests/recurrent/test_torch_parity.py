@@ -1,14 +1,18 @@
 """Acceptance grid: `from_torch(module)` reproduces torch.nn.RNN / LSTM / GRU.
 
 Forward (outputs, h_n, c_n within 1e-5) and gradients (d/dx, d/dh0, d/dc0 and d/d every
-torch parameter within 1e-4) for every cell × num_layers × direction × layout × proj_size ×
-initial state × packed lengths, against torch's own autograd; with lengths, torch runs on
-`pack_padded_sequence(..., enforce_sorted=False)`.
+torch parameter within 1e-4) against torch's own autograd, for every cell (× proj_size) ×
+num_layers × direction × packed lengths, each with one of the four layouts × initial
+states in turn (GRID: every pair of values of any two factors, and every triple of the
+five besides the cell, is in it; the full product is four times as long for no pair more);
+with lengths, torch runs on `pack_padded_sequence(..., enforce_sorted=False)`.
 
 The grid runs our side op by op (`jax.disable_jit()`, see `torch_reference.ours_run`) so
-that its ~240 configurations do not each pay an XLA compilation; `test_transforms.py`
+that its 60 configurations do not each pay an XLA compilation; `test_transforms.py`
 checks the compiled (jit) path against torch too.
 """
+
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -48,12 +52,17 @@ CELL_IDS = ["rnn_tanh", "rnn_relu", "lstm", f"lstm_proj{P}", "gru"]
 check = check_against_torch
 
 
-@pytest.mark.parametrize("use_lengths", [False, True], ids=["full", "packed"])
-@pytest.mark.parametrize("init_state", [False, True], ids=["zero_state", "h0"])
-@pytest.mark.parametrize("batch_first", [False, True], ids=["time_major", "batch_first"])
-@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
-@pytest.mark.parametrize("num_layers", [1, 2, 3], ids=["1layer", "2layers", "3layers"])
-@pytest.mark.parametrize("cell,proj_size", CELL_CONFIGS, ids=CELL_IDS)
+LAYOUTS_AND_STATES = list(itertools.product((False, True), (False, True)))  # batch_first, h0
+GRID = [(*cell, num_layers, bidirectional, *LAYOUTS_AND_STATES[(i + i // 4) % 4], use_lengths)
+        for i, (cell, num_layers, bidirectional, use_lengths) in enumerate(itertools.product(
+            CELL_CONFIGS, (1, 2, 3), (False, True), (False, True)))]
+
+
+@pytest.mark.parametrize(
+    "cell,proj_size,num_layers,bidirectional,batch_first,init_state,use_lengths", GRID,
+    ids=["-".join([CELL_IDS[CELL_CONFIGS.index((c, p))], f"{n}layers", "bi" if b else "uni",
+                   "batch_first" if f else "time_major", "h0" if h else "zero_state",
+                   "packed" if u else "full"]) for c, p, n, b, f, h, u in GRID])
 def test_grid_forward_and_gradients(cell, proj_size, num_layers, bidirectional, batch_first,
                                     init_state, use_lengths):
   check(cell, proj_size, num_layers=num_layers, bidirectional=bidirectional,
