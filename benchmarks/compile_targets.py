@@ -1,4 +1,5 @@
-"""Every experiment compiled for accelerators this machine does not have: the README's table.
+"""Every experiment compiled for accelerators this machine does not have (docs/accelerators.md
+quotes the table).
 
     python3 project.py bench compile_targets      # the table of results/compile_targets.md
     python benchmarks/compile_targets.py --targets t4 --experiments nmt_dates --attention_targets ''

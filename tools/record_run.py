@@ -11,7 +11,7 @@ every run under RUN_DIR must have finished (written final_metrics.json), or noth
 copied: a stopped run is no result. `--exploratory` records such runs (and runs that shared a
 device or ran beside edits) apart, under results/exploratory/ only. Then add the row (command,
 commit, machine) to results/README.md, or to results/exploratory/README.md with why the run
-is exploratory. A block between `<!-- from results/... -->` and `<!-- /from -->` in the README
+is exploratory. A block between `<!-- from results/... -->` and `<!-- /from -->` in README.md
 or docs/ quotes one of these files, and tests/test_docs_results.py checks it.
 """
 

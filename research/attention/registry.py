@@ -372,7 +372,7 @@ def plan(name: str, request: Request, host: str) -> dict[str, Choice]:
 
 
 def capability_table() -> str:
-  """The registry as the table in `implementations.py`'s docstring and the README."""
+  """The registry as the table in `implementations.py`'s docstring and docs/attention.md."""
   rows = [("name", "mask", "bias", "window", "global", "sparse", "lengths", "H_kv<H", "dtypes",
            "platforms", "weights", "auto rank")]
   yes = lambda flag: "yes" if flag else "no"
