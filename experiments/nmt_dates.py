@@ -1,6 +1,7 @@
 """nmt_dates: translate dates written in 24 locales and 8 formats into ISO YYYY-MM-DD.
 
-The default main job (`python3 project.py main`; docs/results/nmt_dates.md). Run it, or a variant, with
+The default main job (`python3 project.py main`; results in docs/results/nmt_dates.md). Run
+it, or a variant, with
 
   python launch.py                                        # the default config below
   python launch.py --config experiments/nmt_dates.py:attention=none,cell=gru
