@@ -41,10 +41,29 @@ with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
 
 HEADS, HEAD_DIM, WINDOW = 8, 64, 256
 DENSE_LIMIT_BYTES = 6 * 2**30       # skip dense / jax.nn when B·H·L² float32 weights exceed this
+STEP_ARRAYS = 8                     # q, k, v, the cotangent, the output, the three gradients
+
+
+def batch_of(length: int) -> int:
+  """B at length L: 4, or 1 beyond 8192."""
+  return 1 if length > 8192 else 4
+
+
+def dense_bytes(batch: int, length: int) -> int:
+  """The [B, H, L, L] float32 weights of dense attention."""
+  return 4 * batch * HEADS * length * length
+
+
+def host_bytes(batch: int, length: int, dense: bool = True) -> int:
+  """A low estimate of the host memory of one length's forward + backward: its STEP_ARRAYS
+  [B, L, H, d] float32 arrays and, where the dense candidates run (`dense` and the weights
+  within DENSE_LIMIT_BYTES), the weights and their gradient."""
+  weights = dense_bytes(batch, length)
+  return (STEP_ARRAYS * 4 * batch * length * HEADS * HEAD_DIM
+          + (2 * weights if dense and weights <= DENSE_LIMIT_BYTES else 0))
 
 
 def jax_candidates(batch: int, length: int) -> dict:
-  dense_bytes = 4 * batch * HEADS * length * length
   attention = {
       "ours auto": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True),
       "ours auto w=256": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True,
@@ -55,7 +74,7 @@ def jax_candidates(batch: int, length: int) -> dict:
       "ours chunked w=256": lambda q, k, v: dot_product_attention(q, k, v, is_causal=True, window=WINDOW,
                                                                   implementation="chunked"),
   }
-  if dense_bytes <= DENSE_LIMIT_BYTES:
+  if dense_bytes(batch, length) <= DENSE_LIMIT_BYTES:
     attention["ours dense"] = lambda q, k, v: dot_product_attention(q, k, v, is_causal=True,
                                                                     implementation="dense")
     attention["jax.nn"] = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
@@ -122,7 +141,15 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                       help="seconds idle before each call")
   parser.add_argument("--inner", type=cli.positive_int, default=10,
                       help="steps per timed call (GPU)")
-  return cli.parse(parser, argv)
+  return cli.parse(parser, argv, check_memory)
+
+
+def check_memory(parser: cli.Parser, args: argparse.Namespace) -> None:
+  """Refuses --lengths whose largest step would not fit the host's memory."""
+  length = max(args.lengths, key=lambda n: host_bytes(batch_of(n), n))
+  cli.check_memory(parser, host_bytes(batch_of(length), length),
+                   f"--lengths up to {length} (batch {batch_of(length)})",
+                   "q, k, v, their gradients and the attention weights")
 
 
 def main():
@@ -137,7 +164,7 @@ def main():
   print("| B | L | implementation | time ms | peak MiB | time / torch |")
   print("|---|---|---|---|---|---|")
   for length in args.lengths:
-    batch = 1 if length > 8192 else 4
+    batch = batch_of(length)
     q, k, v, cotangent = inputs(batch, length)
     steps, peaks = {}, {}
     for name, attention in jax_candidates(batch, length).items():

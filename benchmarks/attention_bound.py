@@ -26,13 +26,13 @@ from research import jax_start
 with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
   import jax
   import jax.numpy as jnp
-  from attention import HEADS, inputs, jax_step, torch_step
+  from attention import HEADS, host_bytes, inputs, jax_step, torch_step
   from jax import lax
   from timing import median_ms
 
   from research.attention import dot_product_attention
 
-BLOCK = 256
+BLOCK, BATCH = 256, 4
 
 
 def matmuls_only(q, k, v, d_out):
@@ -70,21 +70,27 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--length", type=tiled_length, default=2048,
                       help=f"L, a multiple of the tile size {BLOCK}")
   parser.add_argument("--repeats", type=cli.positive_int, default=5)
-  return cli.parse(parser, argv)
+  return cli.parse(parser, argv, check_memory)
+
+
+def check_memory(parser: cli.Parser, args: argparse.Namespace) -> None:
+  """Refuses a --length whose step would not fit the host's memory (no dense weights)."""
+  cli.check_memory(parser, host_bytes(BATCH, args.length, dense=False),
+                   f"--length={args.length}", "q, k, v and their gradients")
 
 
 def main():
   args = parse_arguments()
   import torch  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(os.cpu_count())
-  q, k, v, cotangent = inputs(4, args.length)
+  q, k, v, cotangent = inputs(BATCH, args.length)
   skeleton = jax.jit(matmuls_only)
   chunked, _ = jax_step(lambda q, k, v: dot_product_attention(
       q, k, v, is_causal=True, implementation="chunked"), q, k, v, cotangent)
   ms = median_ms({"matmuls only": lambda: jax.block_until_ready(skeleton(q, k, v, cotangent)),
                   "ours chunked": chunked,
                   "torch": torch_step(q, k, v, cotangent)}, args.repeats, pause=0.3)
-  print(f"causal fwd+bwd, B=4, L={args.length}, H={HEADS}, d=64; medians of {args.repeats} rounds\n")
+  print(f"causal fwd+bwd, B={BATCH}, L={args.length}, H={HEADS}, d=64; medians of {args.repeats} rounds\n")
   print("| implementation | time ms | time / torch |\n|---|---|---|")
   for name, t in ms.items():
     print(f"| {name} | {t:.0f} | {t / ms['torch']:.2f} |")

@@ -1,7 +1,10 @@
 """The benchmarks' command line. Arguments are checked before anything is compiled, timed
 or written: a bad value ends the run with one line, `error: argument --NAME: ...` naming
 what is allowed, and exit status 2 (argparse's usage message left out). A run that does not
-fit this machine's memory ends with one `error:` line and exit status 1 (`run`).
+fit this machine's memory is refused likewise when the check estimates it (`check_memory`:
+the largest inputs and what is built from them, roughly, against the memory available),
+and ends with one `error:` line and exit status 1 where an allocation fails all the same
+(`run`).
 
     parser = Parser(description=...)
     parser.add_argument("--lengths", type=positive_ints, default="1024,4096")
@@ -12,9 +15,10 @@ fit this machine's memory ends with one `error:` line and exit status 1 (`run`).
       run(main)
 
 String defaults go through `type` too (argparse's rule), so `args.lengths` is a list. The
-toolchains of the `aot` extra log to stderr when JAX starts (the benchmarks import JAX inside
-`jax_start.held_back()` for that); `parse` holds them back too, since a check may start
-JAX's backends.
+toolchains of the `aot` extra log to stderr when JAX is imported and when its backends
+start (the benchmarks import JAX inside `jax_start.held_back()` for that); `parse` starts
+the backends inside it too (on the CPU alone where no accelerator is visible), so that
+neither a refusal nor the run prints those logs.
 """
 
 import argparse
@@ -39,7 +43,10 @@ def parse(parser: Parser, argv: list[str] | None = None, check=None) -> argparse
   """`parser.parse_args(argv)`, then `check(parser, args)` if given; a refusal: one
   `error: ...` line on stderr and exit status 2."""
   refusal = None
-  with jax_start.held_back():   # what JAX logged shown only if something else goes wrong
+  with jax_start.held_back():   # what JAX logs shown only if something crashes
+    jax_start.cpu_unless_accelerators()
+    import jax  # noqa: PLC0415 - the benchmark imported it already, held back
+    jax.devices()                # the backends start here, their plugins' logs held back
     try:
       args = parser.parse_args(argv)
       if check:
@@ -130,7 +137,20 @@ def name_of(known, allow_empty: bool = False):
   return name
 
 
-OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "out of memory", "can't allocate memory")   # XLA, torch
+# XLA, torch, NumPy (an array whose bytes exceed what it can index)
+OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "out of memory", "can't allocate memory",
+                 "array is too big")
+
+
+def check_memory(parser: Parser, needed: int, sizes: str, what: str) -> None:
+  """Refuses (parser.error) arguments whose run would need `needed` bytes of host memory
+  (an estimate: the largest inputs and what is built from them) where this machine has
+  less available; `sizes` names the arguments ('--batch=…, --lengths=…'), `what` what the
+  bytes are for."""
+  from research.training.compile import host_memory_refusal  # noqa: PLC0415 - imports JAX
+
+  if refusal := host_memory_refusal(needed, sizes, what):
+    parser.error(refusal)
 
 
 def run(main) -> None:

@@ -61,15 +61,33 @@ VOCAB, CLASSES = 32, 10
 BASELINE = "full (dense)"
 
 
+def preset_model():
+  """config.model of the listops `lra` preset."""
+  return launch.load_config(os.path.join(ROOT, "experiments", "listops.py"))[0].model
+
+
 def model_of(variant: str, length: int) -> EncoderClassifier:
   """The listops `lra` preset's model with the attention `variant` (an entry of SELF_ATTENTIONS
   or BASELINE), for inputs of `length` tokens."""
-  config, _ = launch.load_config(os.path.join(ROOT, "experiments", "listops.py"))
-  fields = config.model.to_dict()
+  fields = preset_model().to_dict()
   fields["attention"] = "full" if variant == BASELINE else variant
   if variant == BASELINE:
     fields["implementation"] = "dense"
   return EncoderClassifier(**fields, vocab_size=VOCAB, num_classes=CLASSES, max_length=length)
+
+
+def step_host_bytes(model, batch: int, length: int, dense: bool) -> int:
+  """A low estimate of the host memory of the training step of `model` (a preset's
+  config.model) on `batch` sequences of `length` tokens: the parameters and their gradients
+  (per layer 4 width² of attention and 2 width · mlp_size of MLP), the activations each
+  layer keeps for the backward pass (per token q, k, v, the attention's output and the
+  MLP's hidden units: 4 width + mlp_size floats) and, with full (dense) among the
+  attentions (`dense`), each layer's [B, heads, L, L] weights; float32 throughout."""
+  width, layers = model.hidden_size, model.num_layers
+  parameters = layers * (4 * width * width + 2 * width * model.mlp_size)
+  per_layer = batch * length * (4 * width + model.mlp_size)
+  per_layer += batch * model.num_heads * length * length if dense else 0
+  return 4 * (2 * parameters + layers * per_layer)
 
 
 def train_step(model: EncoderClassifier):
@@ -152,13 +170,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_lengths_and_chip(parser: cli.Parser, args: argparse.Namespace) -> None:
   """Refuses --memory_lengths that are not two lengths, the shorter first, --tpu_lengths
-  outside --lengths and a --tpu chip this machine cannot compile for."""
+  outside --lengths, a --batch and --lengths whose step would not fit the host's memory
+  (--memory_lengths and the chip's are compiled, not run) and a --tpu chip this machine
+  cannot compile for."""
   if len(args.memory_lengths) != 2 or args.memory_lengths[0] >= args.memory_lengths[1]:
     parser.error(f"argument --memory_lengths: must be two lengths, the shorter first, got "
                  f"{','.join(map(str, args.memory_lengths))}")
   if args.tpu and (others := [n for n in args.tpu_lengths if n not in args.lengths]):
     parser.error(f"argument --tpu_lengths: {', '.join(map(str, others))} not among --lengths "
                  f"({','.join(map(str, args.lengths))})")
+  dense, length = BASELINE in args.attentions, max(args.lengths)
+  cli.check_memory(parser, step_host_bytes(preset_model(), args.batch, length, dense),
+                   f"--batch={args.batch} and --lengths up to {length}",
+                   "a training step" + (" with full (dense)'s [L, L] weights" if dense else ""))
   if args.tpu:
     try:
       targets.devices_of(targets.get(args.tpu))

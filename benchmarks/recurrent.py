@@ -361,6 +361,17 @@ def linear_section(args) -> None:
     linear_compiled(shape, args.compile_lengths, args.compile_target)
 
 
+def linear_host_bytes(shape: tuple[int, int, int], steps: int) -> int:
+  """A low estimate of the host memory of the linear section's largest step at T = `steps`
+  for B, H, N = `shape`: x, the cotangent, the outputs and dx ([B, T, H] float32 each),
+  the states the backward pass keeps and their cotangents ([B, T, N] complex64 each), and
+  the largest layer's parameters with their gradients (the GRU's six H × H matrices, LRU's
+  and S5's two N × H complex projections)."""
+  batch, width, states = shape
+  activations = 4 * batch * steps * 4 * width + 8 * batch * steps * 2 * states
+  return activations + 2 * max(4 * 6 * width * width, 8 * 2 * states * width)
+
+
 def linear_shape(text: str) -> tuple[int, int, int]:
   """B,H,N: three positive integers."""
   values = text.split(",")
@@ -403,12 +414,20 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--compile_lengths", type=cli.positive_ints, default="16384",
                       help="linear section: comma list of T compiled for the target "
                            "(default: %(default)s)")
-  return cli.parse(parser, argv, check_toolchain)
+  return cli.parse(parser, argv, check_linear_section)
 
 
-def check_toolchain(parser: cli.Parser, args: argparse.Namespace) -> None:
-  """Refuses a --compile_target this machine cannot compile for (the linear section's)."""
-  if args.section != "cells" and args.compile_target:
+def check_linear_section(parser: cli.Parser, args: argparse.Namespace) -> None:
+  """Where the linear section runs, refuses a --linear_shape and --lengths whose step would
+  not fit the host's memory and a --compile_target this machine cannot compile for (the
+  cells section's shapes are SHAPES: fixed, small)."""
+  if args.section == "cells":
+    return
+  steps = max(args.lengths)
+  cli.check_memory(parser, linear_host_bytes(args.linear_shape, steps),
+                   f"--linear_shape={','.join(map(str, args.linear_shape))} and --lengths up "
+                   f"to {steps}", "the inputs, states and parameters of a step")
+  if args.compile_target:
     try:
       targets.devices_of(targets.get(args.compile_target))
     except targets.TargetUnavailable as error:

@@ -5,8 +5,8 @@ logs from C++ to file descriptor 2 when it is imported and when its backends sta
 machine without those accelerators ("Could not find cuda drivers", "could not determine
 TPU accelerator type"). `launch.py` promises one line per user error, so without
 `--verbose` it runs those two moments inside `held_back()`: what is written to fd 2 goes
-to a temporary file, shown only if the start fails or falls back to the CPU while an
-accelerator is visible (then it says why).
+to a temporary file, shown only if the block ends in a crash (an exception that is none of
+our one-line errors, `OURS`: then the logs may say why).
 """
 
 import contextlib
@@ -14,16 +14,22 @@ import os
 import sys
 import tempfile
 
+from research.errors import RunFailed, UserError
+
+# Exceptions that say everything in one line of ours (a user's error, a failed run, an exit
+# with its message, Ctrl-C): the libraries' held-back logs stay held back.
+OURS = (UserError, RunFailed, SystemExit, KeyboardInterrupt)
+
 
 class HeldBack:
   text: str = ""        # what was written to fd 2 inside the block
 
 
 @contextlib.contextmanager
-def held_back(active: bool = True, show_on_error: bool = True):
+def held_back(active: bool = True):
   """fd 2 into a temporary file while the block runs (when `active`); yields a HeldBack
-  whose `text` holds it afterwards. An exception in the block shows it at once, unless
-  not `show_on_error` (the exception says it all: a refusal of ours)."""
+  whose `text` holds it afterwards. An exception in the block shows it at once, unless it
+  is one of `OURS`."""
   held = HeldBack()
   if not active:
     yield held
@@ -34,9 +40,9 @@ def held_back(active: bool = True, show_on_error: bool = True):
     os.dup2(log.fileno(), 2)
     try:
       yield held
-    except BaseException:
+    except BaseException as error:
       _restore(saved, log, held)
-      if show_on_error:
+      if not isinstance(error, OURS):
         sys.stderr.write(held.text)
       raise
     _restore(saved, log, held)

@@ -146,6 +146,20 @@ BAD_BENCHMARK_ARGUMENTS = [
     ("recurrent", ["--linear_pause=-1"], "argument --linear_pause", ">= 0"),
     ("recurrent", ["--compile_target=bogus"], "argument --compile_target", "tpu-v5e-1"),
     ("recurrent", ["--compile_lengths=0"], "argument --compile_lengths", "positive integers"),
+    # sizes whose step would not fit the host's memory: refused by the estimate, not run
+    ("attention", ["--lengths=512,2147483647"], "--lengths up to 2147483647 (batch 1) would "
+     "need 32768.00 GiB of host memory", "available"),   # 8 arrays of NumPy's 4.00 TiB each
+    ("attention_bound", ["--length=2147483392"], "--length=2147483392 would need", "available"),
+    ("recurrent", ["--section=linear", "--linear_shape=2147483647,2147483647,2147483647",
+                   "--lengths=1024", "--compile_target="], "--linear_shape=2147483647,"
+     "2147483647,2147483647 and --lengths up to 1024 would need", "available"),
+    ("recurrent", ["--section=linear", "--linear_shape=1,32,2147483647", "--compile_target="],
+     "--linear_shape=1,32,2147483647 and --lengths up to 16384 would need", "available"),
+    ("lra_efficiency", ["--batch=2147483647", "--tpu=", "--lengths=1024",
+                        "--memory_lengths=1024,2048"],
+     "--batch=2147483647 and --lengths up to 1024 would need", "available"),
+    ("lra_efficiency", ["--lengths=1024,2147483647", "--tpu=", "--attentions=linear"],
+     "--batch=1 and --lengths up to 2147483647 would need", "for a training step, but"),
     ("accelerator", ["--output=."], "argument --output", "directory"),
     ("accelerator", ["--output=pyproject.toml/report.md"], "argument --output", "under a file"),
 ]
@@ -185,13 +199,15 @@ def test_every_test_that_tests_markers_txt_names_exists():
 
 
 def test_a_benchmark_that_runs_out_of_memory_ends_in_one_line_with_exit_status_1(monkeypatch):
-  """NumPy's MemoryError and XLA's RESOURCE_EXHAUSTED (as `--lengths=2147483647` meets them)
-  end the run in one `error:` line (SystemExit with a message: exit status 1); any other
-  exception stays a traceback."""
+  """NumPy's MemoryError and its ValueError for an array too big to index, and XLA's
+  RESOURCE_EXHAUSTED (as `--lengths=2147483647` meets them) end the run in one `error:`
+  line (SystemExit with a message: exit status 1); any other exception stays a traceback."""
   monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
   cli = importlib.import_module("cli")
   for error in (MemoryError("Unable to allocate 4.00 TiB for an array with shape (1, "
                             "2147483647, 8, 64) and data type float32"),
+                ValueError("array is too big; `arr.size * arr.dtype.itemsize` is larger than "
+                           "the maximum possible size."),
                 RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 4398046511104 bytes."
                              "\nmore detail")):
     def fails(error=error):
@@ -203,3 +219,62 @@ def test_a_benchmark_that_runs_out_of_memory_ends_in_one_line_with_exit_status_1
     assert str(error).splitlines()[0] in message
   with pytest.raises(ZeroDivisionError):
     cli.run(lambda: 1 / 0)
+
+
+# Each benchmark's defaults (the toolchains left out) and the arguments of a smaller run.
+DEFAULTS = {"attention": [], "attention_bound": [],
+            "recurrent": ["--section=linear", "--compile_target="],
+            "lra_efficiency": ["--tpu="]}
+
+
+@pytest.mark.xdist_group("benchmark_arguments")
+def test_a_benchmarks_memory_check_passes_its_defaults_and_refuses_them_on_a_smaller_machine(
+    capsys, monkeypatch):
+  """The estimate of what a run's sizes need, against the memory available (monkeypatched:
+  8 GiB, then 4 MiB), checked before anything runs: the defaults fit 8 GiB; on 4 MiB each
+  benchmark refuses them in one line naming the sizes."""
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+  monkeypatch.chdir(ROOT)
+  from research.training import compile as compile_module  # noqa: PLC0415
+
+  for available, refused in ((8 * 2**30, False), (4 * 2**20, True)):
+    monkeypatch.setattr(compile_module, "available_ram", lambda available=available: available)
+    for name, argv in DEFAULTS.items():
+      module = importlib.import_module(name)
+      if not refused:
+        module.parse_arguments(argv)
+        continue
+      with pytest.raises(SystemExit) as exit_:
+        module.parse_arguments(argv)
+      err = capsys.readouterr().err
+      assert exit_.value.code == 2 and err.count("\n") == 1, err
+      assert "of host memory" in err and "but this machine has 4.0 MiB available" in err, err
+
+
+def test_our_one_line_errors_keep_the_libraries_logs_held_back_and_a_crash_shows_them(capfd):
+  """What the plugins write to fd 2 inside jax_start.held_back() stays held back when the
+  block ends in one of our errors (a refusal, a failed run, an exit with its message) and
+  is shown when it ends in a crash."""
+  from research import jax_start  # noqa: PLC0415
+  from research.errors import ConfigError, RunFailed  # noqa: PLC0415
+
+  for error, shown in ((ConfigError("bad"), False), (RunFailed("failed"), False),
+                       (SystemExit("error: out of memory"), False), (KeyError("crash"), True)):
+    with pytest.raises(type(error)), jax_start.held_back():
+      os.write(2, b"a plugin's log line\n")
+      raise error
+    assert ("a plugin's log line" in capfd.readouterr().err) == shown, error
+
+
+@pytest.mark.xdist_group("benchmark_arguments")
+def test_a_benchmark_starts_jaxs_backends_with_their_logs_held_back(capfd, monkeypatch):
+  """The plugins log when the backends start (the CUDA plugin's traceback on a machine
+  without CUDA): cli.parse starts them inside held_back, so no run prints those lines."""
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+  import jax  # noqa: PLC0415
+
+  cli = importlib.import_module("cli")
+  started = []
+  monkeypatch.setattr(jax, "devices", lambda: started.append(os.write(2, b"plugin log\n")))
+  args = cli.parse(cli.Parser(), [])
+  assert started and args is not None and "plugin log" not in capfd.readouterr().err

@@ -59,6 +59,17 @@ def available_ram() -> int | None:
     return None
 
 
+def host_memory_refusal(needed: int, sizes: str, what: str) -> str | None:
+  """'`sizes` would need … of host memory for `what`, but this machine has … available; …'
+  when `needed` bytes exceed the memory available here; None when they fit (or nothing
+  tells)."""
+  available = available_ram()
+  if available is None or needed <= available:
+    return None
+  return (f"{sizes} would need {gib(needed)} of host memory for {what}, but this machine "
+          f"has {gib(available)} available; make them smaller")
+
+
 def gib(n: int) -> str:
   """Bytes in words: GiB, MiB below one GiB, KiB below one MiB."""
   if n >= GIB:
