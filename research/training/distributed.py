@@ -28,18 +28,30 @@ CLUSTER_VARIABLES = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAM
 
 
 def check(config) -> None:
-  """ConfigError for config.distributed values that cannot describe a run."""
+  """ConfigError for config.distributed values that cannot describe a run, with a
+  coordinator address or without (where JAX's cluster detection, or one process, decides:
+  the process numbers then stay at their defaults, 1 and 0, rather than go unused)."""
   d = config.distributed
+  if not _is_int(d.num_processes) or d.num_processes < 1:
+    raise ConfigError(f"config.distributed.num_processes={d.num_processes!r} must be an int >= 1")
+  if not _is_int(d.process_id) or not 0 <= d.process_id < d.num_processes:
+    raise ConfigError(f"config.distributed.process_id={d.process_id!r} must be in 0 … "
+                      f"{d.num_processes - 1} (config.distributed.num_processes - 1)")
   if not d.coordinator_address:
+    if (d.num_processes, d.process_id) != (1, 0):
+      raise ConfigError(
+          f"config.distributed.num_processes={d.num_processes} and process_id={d.process_id} "
+          "are used only with config.distributed.coordinator_address=HOST:PORT; without it "
+          "JAX's cluster detection numbers the processes (or one runs): give the address, or "
+          "leave them at 1 and 0")
     return
   if not re.fullmatch(r"[^\s:]+:\d{1,5}", d.coordinator_address):
     raise ConfigError(f"config.distributed.coordinator_address={d.coordinator_address!r} must "
                       "be HOST:PORT (process 0's address), or '' for JAX's cluster detection")
-  if not isinstance(d.num_processes, int) or d.num_processes < 1:
-    raise ConfigError(f"config.distributed.num_processes={d.num_processes!r} must be an int >= 1")
-  if not isinstance(d.process_id, int) or not 0 <= d.process_id < d.num_processes:
-    raise ConfigError(f"config.distributed.process_id={d.process_id!r} must be in 0 … "
-                      f"{d.num_processes - 1} (config.distributed.num_processes - 1)")
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def initialize(config) -> None:

@@ -1,8 +1,9 @@
 """Configuration errors raised before anything is compiled.
 
 Every number of a config, at any depth (`check_numbers`), must be finite and, an int, fit
-int32 (the step counter's and the data's index type; the seed an int64), and data that
-would not fit the host's memory is refused with what it would need (`check_host_memory`).
+int32 (the step counter's and the data's index type; a seed, any key named seed, an int64
+>= 0), and data that would not fit the host's memory is refused with what it would need
+(`check_host_memory`).
 """
 
 import math
@@ -13,7 +14,7 @@ import ml_collections
 
 from research.errors import ConfigError
 from research.training import distributed
-from research.training.compile import available_ram, gib
+from research.training.compile import host_memory_refusal
 from research.training.config import base_config
 from research.training.parallel import STRATEGIES
 from research.training.renamed_keys import RENAMED_KEYS, renamed
@@ -38,7 +39,7 @@ def check_choice(config, key: str, allowed: Iterable) -> None:
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
-SEED_MAX = 2**63 - 1            # jax.random.key takes an int64
+SEED, SEED_MAX = "seed", 2**63 - 1   # any key so named; jax.random.key takes an int64
 
 
 def check_positive(config, *keys: str, allow_zero: bool = False) -> None:
@@ -89,11 +90,9 @@ def check_with(config, key: str, check) -> None:
 def check_host_memory(config, keys: Iterable[str], needed: int, what: str) -> None:
   """ConfigError when `needed` bytes of host memory (for `what`, sized by the config keys)
   exceed the memory this machine has available; the message shows the keys' values."""
-  available = available_ram()
-  if available is not None and needed > available:
-    values = ", ".join(f"config.{key}={get(config, key)!r}" for key in keys)
-    raise ConfigError(f"{values} would need {gib(needed)} of host memory for {what}, but "
-                      f"this machine has {gib(available)} available; make them smaller")
+  values = ", ".join(f"config.{key}={get(config, key)!r}" for key in keys)
+  if refusal := host_memory_refusal(needed, values, what):
+    raise ConfigError(refusal)
 
 
 def check_parameter_memory(config, keys: Iterable[str], count: int) -> None:
@@ -122,10 +121,8 @@ def check_shared(config) -> None:
   """The keys of research.training.config.base_config(), checked before any compilation."""
   check_positive(config, *(f"train.{k}" for k in TRAIN_POSITIVE))
   check_positive(config, *(f"train.{k}" for k in TRAIN_NON_NEGATIVE), allow_zero=True)
-  check_int(config, "seed", *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
+  check_int(config, *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
             "train.warmup_steps")
-  if not 0 <= config.seed <= SEED_MAX:
-    raise ConfigError(f"config.seed={config.seed!r} must be in 0 … {SEED_MAX} (an int64)")
   check_divides(config, "train.log_every", "train.checkpoint_every")
   check_choice(config, "train.parallelism", STRATEGIES)
   check_choice(config, "train.schedule", SCHEDULES)
@@ -137,25 +134,29 @@ def check_shared(config) -> None:
 
 def check_numbers(config) -> None:
   """Every number of the config, in nested groups, lists and tuples too (say
-  config.model.recurrence.lru.max_phase): a float finite, an int within int32 (config.seed
-  is the int64 that check_shared allows)."""
-  for key, value in _numbers(config, ""):
-    if isinstance(value, float) and not math.isfinite(value):
+  config.model.recurrence.lru.max_phase): a float finite, an int within int32; every key
+  named seed, at any depth (config.seed, config.data.seed), an int in 0 … SEED_MAX."""
+  for key, value in _leaves_of(config):
+    if key.rpartition(".")[2] == SEED:
+      if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= SEED_MAX:
+        raise ConfigError(f"config.{key}={value!r} must be in 0 … {SEED_MAX} (an int64)")
+    elif isinstance(value, float) and not math.isfinite(value):
       raise ConfigError(f"config.{key}={value!r} must be a finite number (not inf or nan)")
-    if isinstance(value, int) and key != "seed" and not INT32_MIN <= value <= INT32_MAX:
+    elif (isinstance(value, int) and not isinstance(value, bool)
+          and not INT32_MIN <= value <= INT32_MAX):
       bound = f"at most {INT32_MAX}" if value > 0 else f"at least {INT32_MIN}"
       raise ConfigError(f"config.{key}={value!r} must be {bound} (an int32)")
 
 
-def _numbers(node, key: str):
-  """(dotted key, number) for every int and float under node (bools are no numbers)."""
+def _leaves_of(node, key: str = ""):
+  """(dotted key, value) for every leaf under node, in lists and tuples too (key[i])."""
   if isinstance(node, (ml_collections.ConfigDict, dict)):
     for name, child in node.items():
-      yield from _numbers(child, f"{key}.{name}" if key else name)
+      yield from _leaves_of(child, f"{key}.{name}" if key else name)
   elif isinstance(node, (list, tuple)):
     for index, child in enumerate(node):
-      yield from _numbers(child, f"{key}[{index}]")
-  elif isinstance(node, (int, float)) and not isinstance(node, bool):
+      yield from _leaves_of(child, f"{key}[{index}]")
+  else:
     yield key, node
 
 
@@ -164,21 +165,11 @@ def check_base_keys(config, what: str) -> None:
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"{what} returned {config!r:.60} (a {type(config).__name__}), not an "
                       "ml_collections.ConfigDict; start it from research.training.base_config()")
-  missing = [key for key in _leaves(base_config()) if not _has(config, key)]
+  missing = [key for key, _ in _leaves_of(base_config()) if not _has(config, key)]
   if missing:
     raise ConfigError(f"{what} has no {', '.join(f'config.{k}' for k in missing[:5])}"
                       f"{' …' if len(missing) > 5 else ''}; start it from "
                       "research.training.base_config()")
-
-
-def _leaves(node, prefix: str = "") -> list[str]:
-  keys = []
-  for key, value in node.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      keys += _leaves(value, f"{prefix}{key}.")
-    else:
-      keys.append(f"{prefix}{key}")
-  return keys
 
 
 def _has(config, key: str) -> bool:

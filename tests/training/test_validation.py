@@ -95,13 +95,39 @@ def test_every_number_at_any_depth_is_finite_and_an_int32(key, value, message):
     check_shared(config)
 
 
-@pytest.mark.parametrize("num_processes, process_id, message", [
-    (0, 0, r"num_processes=0 must be an int >= 1"),
-    (2, 2, r"process_id=2 must be in 0 … 1"),
-    (2, -1, r"process_id=-1 must be in 0 … 1"),
+@pytest.mark.parametrize("key, value", [
+    ("seed", -1), ("seed", 2**63), ("data.seed", -1), ("data.seed", 2**63),
+    ("data.split.seed", -5), ("data.seed", 1.5), ("data.seed", True), ("data.seed", "0")])
+def test_every_key_named_seed_is_an_int64_at_least_0(key, value):
+  """config.seed and any other seed (listops' data.seed made a data set named seed-1)."""
+  config, data = base_config(), {"seed": 2**63 - 1, "split": {"seed": 0}}
+  config.data = ml_collections.ConfigDict(data)
+  check_shared(config)
+  if key == "seed":
+    config.seed = value
+  else:
+    node = data
+    for part in key.split(".")[1:-1]:
+      node = node[part]
+    node["seed"] = value
+    config.data = ml_collections.ConfigDict(data)
+  with pytest.raises(ConfigError) as refused:
+    check_shared(config)
+  assert str(refused.value) == f"config.{key}={value!r} must be in 0 … 9223372036854775807 (an int64)"
+
+
+@pytest.mark.parametrize("address, num_processes, process_id, message", [
+    ("localhost:1234", 0, 0, r"num_processes=0 must be an int >= 1"),
+    ("localhost:1234", 2, 2, r"process_id=2 must be in 0 … 1"),
+    ("localhost:1234", 2, -1, r"process_id=-1 must be in 0 … 1"),
+    ("", 0, 0, r"num_processes=0 must be an int >= 1"),       # without an address, as with one
+    ("", -5, 0, r"num_processes=-5 must be an int >= 1"),
+    ("", 1, -1, r"process_id=-1 must be in 0 … 0"),
+    ("", 2, 1, r"num_processes=2 and process_id=1 are used only with "
+               r"config\.distributed\.coordinator_address=HOST:PORT"),
 ])
-def test_distributed_process_numbers(num_processes, process_id, message):
-  config = apply_overrides(base_config(), {"distributed.coordinator_address": "localhost:1234",
+def test_distributed_process_numbers(address, num_processes, process_id, message):
+  config = apply_overrides(base_config(), {"distributed.coordinator_address": address,
                                            "distributed.num_processes": num_processes,
                                            "distributed.process_id": process_id})
   with pytest.raises(ConfigError, match=message):
