@@ -13,8 +13,10 @@ An exception in any other thread ends the run too, in one line and status 1
 
 `--compile_only=TARGET` compiles the train and eval steps for TARGET instead of training
 (`research.training.compile_only`; with `--sweep`, every point of the sweep): the same
-checks first, the same workdir rules (a live run's workdir refused), and nothing written
-unless every step compiles.
+checks first, the same workdir rules (a workdir a training run of this config, or this
+sweep, would refuse: a live run's, another config's), and nothing written unless every
+step compiles. An override is checked in each spelling absl reads (`-config.KEY` or
+`--config.KEY`, `=VALUE` or the next argument, `--noconfig.KEY`).
 
 Exit status: 0 done (or stopped by SIGTERM after saving a checkpoint), 1 the run failed
 (a non-finite loss, a failed save, an exception in another thread), 2 a user error,
@@ -44,7 +46,7 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from research.errors import ConfigError, RunFailed, UserError
   from research.training import Stopped, distributed, run_sweep, thread_failures, train_and_evaluate
   from research.training.compile_only import REPORT, SUMMARY, compile_sweep, table, target_name
-  from research.training.validation import check_base_keys, parse_value
+  from research.training.validation import check_base_keys, check_key, get, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
@@ -106,18 +108,26 @@ def sweep_points(module) -> list:
                       f"{type(error).__name__}: {error}") from error
 
 
+def flags_of(argv: list[str]):
+  """(index, name, value or None) of each flag in argv as absl reads it: `-NAME` or
+  `--NAME`, with `=VALUE` or without; up to `--`, past which nothing is a flag."""
+  for i, arg in enumerate(argv):
+    if arg == "--":
+      return
+    if arg.startswith("-"):
+      name, eq, value = arg[2 if arg.startswith("--") else 1:].partition("=")
+      if name:
+        yield i, name, value if eq else None
+
+
 def split_config_flag(argv: list[str]) -> tuple[str, list[str]]:
   """(the --config value or the default, argv without it); --config.key=value stays."""
-  rest, spec, i = [], DEFAULT_CONFIG, 0
-  while i < len(argv):
-    name, eq, value = argv[i].lstrip("-").partition("=")
-    if argv[i].startswith("-") and name == "config":
-      spec = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-      i += 1 if eq else 2
-      continue
-    rest.append(argv[i])
-    i += 1
-  return spec, rest
+  spec, dropped = DEFAULT_CONFIG, set()
+  for i, name, value in flags_of(argv):
+    if name == "config" and i not in dropped:
+      spec = value if value is not None else (argv[i + 1] if i + 1 < len(argv) else "")
+      dropped |= {i} if value is not None else {i, i + 1}
+  return spec, [arg for i, arg in enumerate(argv) if i not in dropped]
 
 
 def separate_value(argv: list[str], i: int) -> str | None:
@@ -133,15 +143,27 @@ def separate_value(argv: list[str], i: int) -> str | None:
 
 
 def check_overrides(config, argv: list[str]) -> None:
-  """Our checks of every --config.key=value (unknown key, wrong type, no value) before
-  config_flags applies them: ConfigError naming the key and what is allowed."""
-  for i, arg in enumerate(argv):
-    if arg.startswith("--config."):
-      name, eq, value = arg[2:].partition("=")
-      value = value if eq else separate_value(argv, i)
-      if value is None:
-        raise ConfigError(f"--{name} needs a value: --{name}=VALUE")
-      parse_value(config, name.removeprefix("config."), value)
+  """Our checks of every override, in each spelling config_flags applies (`-config.KEY`
+  or `--config.KEY`, `=VALUE` or the next argument, `--noconfig.KEY` for a bool's False),
+  before config_flags applies them: ConfigError naming the key and what is allowed (an
+  unknown key, a wrong type, no value)."""
+  for i, name, value in flags_of(argv):
+    negated = name.startswith("noconfig.")
+    if not (negated or name.startswith("config.")):
+      continue
+    key = name.partition(".")[2]
+    check_key(config, key)
+    is_bool = isinstance(get(config, key), bool)
+    if negated:
+      if not is_bool or value is not None:
+        raise ConfigError(f"--{name} sets a bool key to False and takes no value; "
+                          f"config.{key} is {get(config, key)!r}: write --config.{key}=VALUE")
+      continue
+    if value is None:
+      value = "true" if is_bool else separate_value(argv, i)   # absl: a bool flag alone
+    if value is None:
+      raise ConfigError(f"--{name} needs a value: --{name}=VALUE")
+    parse_value(config, key, value)
 
 
 def value_flags(argv: list[str]) -> dict[str, str]:
@@ -150,12 +172,9 @@ def value_flags(argv: list[str]) -> dict[str, str]:
   without a value: empty or blank, last, or followed by another flag (which absl would take
   for the value: `--workdir --sweep` trained into a directory named --sweep)."""
   values = {}
-  for i, arg in enumerate(argv):
-    if arg == "--":
-      break
-    name, eq, value = arg.lstrip("-").partition("=")
-    if arg.startswith("-") and name in VALUE_FLAGS:
-      values[name] = value if eq else separate_value(argv, i)
+  for i, name, value in flags_of(argv):
+    if name in VALUE_FLAGS:
+      values[name] = value if value is not None else separate_value(argv, i)
   for name, value in values.items():
     if value is None or not value.strip():
       raise ConfigError(VALUE_FLAGS[name])
@@ -219,7 +238,7 @@ def compile_for(target: str, config, module, workdir: str, experiment, verbose: 
   """--compile_only: config's steps (with --sweep, every point's) compiled for `target`."""
   start_backends(verbose)
   points = sweep_points(module) if _SWEEP.value else None
-  with jax_start.held_back(not verbose, show_on_error=False):   # libtpu's and XLA's logs
+  with jax_start.held_back(not verbose):   # libtpu's and XLA's logs
     results = compile_sweep(config, points, workdir, experiment, target)
   for point, result in results.items():
     print(f"{point}:\n{table(result)}" if point else table(result))

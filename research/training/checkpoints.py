@@ -145,6 +145,18 @@ class Checkpoints:
       self.manager.close()
 
 
+def saved_steps(directory: str) -> list[int]:
+  """The steps of the complete checkpoints in `directory`, without opening them (Orbax
+  writes a step into a temporary directory and renames it to the step's number once
+  complete); [] where there is none."""
+  try:
+    names = os.listdir(directory)
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  return sorted(int(name) for name in names if name.isascii() and name.isdigit()
+                and os.path.isdir(os.path.join(directory, name)))
+
+
 def _attempt(read, *args, **kwargs):
   """(read(*args, **kwargs), None), or (None, the exception) for a checkpoint that cannot
   be read."""

@@ -22,7 +22,8 @@ A user error is refused as training refuses it (one line, `ConfigError` / `Workd
 and everything is checked before the first compile: the config and every sweep point, the
 target (its name, its toolchain, the batch split over its devices), the workdir (not a
 file or under one, writable, not held by a live run: `research.training.workdir.hold`,
-whose lock the compile holds). A step that does not fit the device, or that an attention
+whose lock the compile holds; not a workdir a training run of this config would refuse:
+`loop.check_config`, and `sweep.check_sweep_workdir` for a sweep's root). A step that does not fit the device, or that an attention
 implementation cannot do there, is refused in one line naming what it needs and what the
 chip has; nothing is written unless every step compiled: the workdir is left as found.
 """
@@ -42,8 +43,8 @@ from research.training import parallel, train_step
 from research.training import workdir as workdirs
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.experiment import Experiment
-from research.training.loop import validate_experiment
-from research.training.sweep import point_configs, point_name
+from research.training.loop import check_config, validate_experiment
+from research.training.sweep import check_sweep_workdir, point_configs, point_name
 from research.training.validation import check_shared
 
 REPORT, SUMMARY = "compile_report.json", "compile_summary.md"
@@ -102,11 +103,14 @@ def compile_sweep(config, points: list[dict] | None, workdir: str, experiment: E
   with contextlib.ExitStack() as held:     # the locks, held until every file is written
     held.enter_context(workdirs.hold(workdir))
     if points is not None:
-      workdirs.check_entries(workdir, files=(SUMMARY,), directories=tuple(named))
-    for directory in directories.values():
+      check_sweep_workdir(config, points, workdir)
+      workdirs.check_entries(workdir, files=(SUMMARY,), directories=())
+    for point, directory in directories.items():
       if directory != workdir:
         held.enter_context(workdirs.hold(directory))
       workdirs.check_entries(directory, files=(REPORT,), directories=())
+      with _naming(point, list(named)):
+        check_config(named[point], directory)      # a run's refusals (nothing taken over)
     spec, devices = target_devices(name)
     for point, point_config in named.items():
       with _naming(point, list(named)):

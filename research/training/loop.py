@@ -14,6 +14,9 @@ What a run guarantees:
   another thread fails  ThreadFailed at the next step (research/training/thread_failures.py)
   NaN / Inf loss        NonFiniteLossError naming the step; the last good checkpoint stays
   a second run          WorkdirError while a live run holds the workdir
+  another config        refused where the workdir holds checkpoints of a different config;
+                        a run that saved none (it failed before its first) is taken over:
+                        config.json replaced, its metrics set aside as a resume does
   refused before start  (bad input, a step that cannot fit) the workdir as it was found
   files read back       written whole (research/files.py); config.json that
                         cannot be read refused, naming it
@@ -28,6 +31,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 import jax
 import numpy as np
@@ -36,7 +40,7 @@ from research import files
 from research.errors import ConfigError, RunFailed, WorkdirError
 from research.training import parallel, plots, thread_failures
 from research.training import workdir as workdirs
-from research.training.checkpoints import Checkpoints
+from research.training.checkpoints import Checkpoints, saved_steps
 from research.training.compile import (
   CompiledPerShape,
   compile_checked,
@@ -70,6 +74,7 @@ RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CONFIG, FINAL_METRICS, LOSS_PLOT, CHECKPOINTS = ("config.json", "final_metrics.json", "loss.png",
                                                  "checkpoints")
+SWEEP_RECORD = "sweep.json"      # in a sweep's root workdir (research/training/sweep.py)
 
 
 class Stopped(Exception):
@@ -109,9 +114,10 @@ def train_and_evaluate(config, workdir: str, experiment: Experiment) -> dict:
   return train(config, workdir, experiment)
 
 
-def train(config, workdir: str, experiment: Experiment) -> dict:
+def train(config, workdir: str, experiment: Experiment,
+          on_start: Callable[[], None] | None = None) -> dict:
   """Trains a config that `validate` accepted in `workdir`, resuming from its latest
-  checkpoint.
+  checkpoint; `on_start()` is called before its first write into the workdir.
 
   Returns the final metrics (also written to final_metrics.json): the last
   evaluation, the workload's report, and perf/* figures (compile seconds, steps/s).
@@ -121,7 +127,11 @@ def train(config, workdir: str, experiment: Experiment) -> dict:
   with workdirs.hold(workdir) as lease:
     workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT),
                            directories=(CHECKPOINTS, TENSORBOARD))
-    _check_config(config, workdir)
+    taking_over = check_config(config, workdir)
+    if on_start is not None:
+      lease.on_start(on_start)
+    if taking_over and jax.process_index() == 0:
+      lease.on_start(lambda: print(taking_over, file=sys.stderr, flush=True))
     return _train(config, workdir, experiment, lease)
 
 
@@ -166,8 +176,8 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease) 
   host_batch = next(workload.train_data)
   train_step.compile(host_batch)
   eval_step.compile(workload.eval_data[0])
-  lease.start()                     # the first write into the workdir (see workdir.hold)
   with _writing(workdir):
+    lease.start()                   # the first write into the workdir (see workdir.hold)
     _write_config(config, workdir)
     _write_files(workload.files, workdir)
   state = jax.jit(lambda rng: init_state(workload, optimizer, rng),
@@ -338,35 +348,53 @@ def _stop_signals():
       signal.signal(s, handler)
 
 
-def _check_config(config, workdir: str) -> None:
-  """A workdir of a different run (other than RESUMABLE_KEYS), written under a key that
-  was renamed since (renamed_keys.py), or whose config.json cannot be read, is refused."""
+def check_config(config, workdir: str) -> str | None:
+  """Refuses a workdir this config cannot run in, before anything is compiled or written:
+  a sweep's root, a config.json that cannot be read, one written under a key renamed since
+  (renamed_keys.py), and the checkpoints of a run with a different config (other than
+  RESUMABLE_KEYS). A different config whose run saved no checkpoint (it failed before the
+  first: nothing to resume) takes the workdir over: the line returned says so (None when
+  the workdir is new or this config's)."""
+  if os.path.exists(os.path.join(workdir, SWEEP_RECORD)):
+    raise WorkdirError(f"workdir {workdir} holds a sweep ({SWEEP_RECORD}, its points in "
+                       "subdirectories), not a single run; give another --workdir")
   path = os.path.join(workdir, CONFIG)
-  new = json.loads(config.to_json_best_effort())
   try:
     old = files.read_json(path)
   except FileNotFoundError:
-    return
+    return None
   except files.UnreadableFile as error:
     raise WorkdirError(
         f"workdir {workdir} cannot be resumed: {error}. It records the config of the run "
         f"there: put back a whole copy, delete it to run this command's config there (its "
         f"checkpoints are resumed), or give another --workdir") from None
+  changes = config_changes(old, json.loads(config.to_json_best_effort()), workdir)
+  if not changes:
+    return None
+  if saved_steps(os.path.join(workdir, CHECKPOINTS)):
+    raise ConfigError(f"workdir {workdir} holds checkpoints of a run with a different config "
+                      f"({changes}); use a new --workdir")
+  return (f"workdir {workdir}: its run of another config ({changes}) saved no checkpoint; "
+          f"this config takes it over ({CONFIG} replaced, the records of {METRICS_FILE} moved "
+          "to a metrics.after_step_0 file)")
+
+
+def config_changes(old: dict, new: dict, workdir: str, ignored: Iterable[str] = ()) -> str:
+  """The keys whose values differ between the configs `old` (a workdir's, as JSON) and
+  `new`, but for RESUMABLE_KEYS and `ignored`, in words ('' when none); ConfigError if
+  `old` was written under a key renamed since (this version cannot resume it)."""
   old, new = _flatten(old), _flatten(new)
   for key in sorted(set(old) & set(RENAMED_KEYS) - set(new)):
     if RENAMED_KEYS[key][0] in new:
       raise ConfigError(f"workdir {workdir} was written with {renamed(key)}: this version "
                         "cannot resume it (its parameters have other names too); use a new "
                         "--workdir, or resume it with the version of the project that wrote it")
-  changed = sorted(k for k in set(old) | set(new)
-                   if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
-  if changed:
-    value = lambda flat, k: repr(flat[k]) if k in flat else "absent"
-    shown = "; ".join(f"config.{k} {value(old, k)} there, {value(new, k)} now"
-                      for k in changed[:4])
-    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
-    raise ConfigError(f"workdir {workdir} holds a run with a different config ({shown}{more}); "
-                      "use a new --workdir")
+  changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                   and k not in RESUMABLE_KEYS and k not in set(ignored))
+  value = lambda flat, k: repr(flat[k]) if k in flat else "absent"
+  shown = "; ".join(f"config.{k} {value(old, k)} there, {value(new, k)} now"
+                    for k in changed[:4])
+  return shown + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
 
 
 def _write_config(config, workdir: str) -> None:

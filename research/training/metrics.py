@@ -29,7 +29,8 @@ class MetricsWriter:
   from the checkpoint of step `resume_step` first moves the records after that step
   (written before a crash or kill) to `metrics.after_step_<resume_step>[.n].jsonl`, then
   cuts them off the end of metrics.jsonl, whose earlier bytes stay as they were.
-  TensorBoard is told to purge its events after `resume_step` likewise.
+  TensorBoard is told to purge its events after `resume_step` likewise (from step 1 on
+  for a run that starts from nothing: an earlier attempt's, which saved no checkpoint).
   """
 
   def __init__(self, workdir: str, resume_step: int = 0):
@@ -38,7 +39,7 @@ class MetricsWriter:
     self.history = self._resume(resume_step)
     self.tensorboard = EventWriter(
         os.path.join(workdir, TENSORBOARD),
-        purge_step=resume_step + 1 if resume_step else None) if self.enabled else None
+        purge_step=resume_step + 1) if self.enabled else None
 
   def _resume(self, step: int) -> list[dict]:
     """The records up to `step`; later ones (and a torn last line) move to their own file."""

@@ -1,5 +1,12 @@
 """Sweeps: every point of a config's get_sweep() into its own subdirectory, plus a summary.
 
+The root workdir is held as a run's is (`research.training.workdir.hold`: refused while a
+live process holds it, left as found by a sweep refused before its first point starts) and
+records the sweep in sweep.json (its base config and points) once the first point starts.
+A root that holds a single run (config.json), or a sweep of other points or of another
+config (beyond loop.RESUMABLE_KEYS and the keys every point sets), is refused; the same
+sweep command resumes it.
+
 A point whose final_metrics.json is there and readable is done and skipped; one whose
 file cannot be read (cut short by an older version's kill, say) is trained again, which
 resumes from its last checkpoint and writes the file anew.
@@ -7,13 +14,24 @@ resumes from its last checkpoint and writes the file anew.
 
 import csv
 import io
+import json
 import os
 import sys
 
+import jax
+
 from research import files
-from research.errors import ConfigError, UserError
+from research.errors import ConfigError, UserError, WorkdirError
+from research.training import workdir as workdirs
 from research.training.experiment import Experiment
-from research.training.loop import FINAL_METRICS, train, validate
+from research.training.loop import (
+  CONFIG,
+  FINAL_METRICS,
+  SWEEP_RECORD,
+  config_changes,
+  train,
+  validate,
+)
 from research.training.validation import apply_overrides
 
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
@@ -54,22 +72,75 @@ def point_configs(config, points, experiment: Experiment, validate=validate) -> 
 
 def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment) -> list[dict]:
   """Trains each point (resuming unfinished ones, skipping finished ones) and writes
-  summary.csv / summary.md of the final metrics. Every point's config is validated
-  once, before the first one starts. Returns one row per point: its overrides + final
-  metrics."""
+  summary.csv / summary.md of the final metrics. Every point's config and the root workdir
+  are checked once, before the first point starts. Returns one row per point: its
+  overrides + final metrics."""
   configs = point_configs(config, points, experiment)
-  rows = []
-  for index, (point, point_config) in enumerate(zip(points, configs, strict=True)):
-    point_dir = os.path.join(workdir, point_name(point))
-    final = _finished(point_dir)
-    if final is None:
-      try:
-        final = train(point_config, point_dir, experiment)
-      except UserError as error:     # a file or workdir of this point: say which point
-        raise type(error)(f"sweep point {index} ({point_name(point)}): {error}") from error
-    rows.append({**point, **final})
-    write_summary(rows, workdir)
+  with workdirs.hold(workdir) as lease:
+    check_sweep_workdir(config, points, workdir)
+    lease.on_start(lambda: _record(config, points, workdir))
+    rows = []
+    for index, (point, point_config) in enumerate(zip(points, configs, strict=True)):
+      point_dir = os.path.join(workdir, point_name(point))
+      final = _finished(point_dir)
+      if final is None:
+        try:
+          final = train(point_config, point_dir, experiment, on_start=lease.start)
+        except UserError as error:     # a file or workdir of this point: say which point
+          raise type(error)(f"sweep point {index} ({point_name(point)}): {error}") from error
+      rows.append({**point, **final})
+      lease.start()                    # (every point done before: the summary writes first)
+      write_summary(rows, workdir)
   return rows
+
+
+def check_sweep_workdir(config, points: list[dict], workdir: str) -> None:
+  """Refuses a root workdir that holds a single run (config.json), a sweep of other points
+  or of another config (its sweep.json: the keys every point sets, and loop.RESUMABLE_KEYS,
+  aside), or an entry where the sweep writes one of another kind; before anything is
+  compiled or written."""
+  names = [point_name(point) for point in points]
+  workdirs.check_entries(workdir, files=(SUMMARY_CSV, SUMMARY_MD, SWEEP_RECORD, CONFIG),
+                         directories=tuple(names))
+  if os.path.exists(os.path.join(workdir, CONFIG)):
+    raise WorkdirError(f"workdir {workdir} holds a single run ({CONFIG}); a sweep needs a "
+                       "workdir of its own (its points in subdirectories): give another "
+                       "--workdir")
+  path = os.path.join(workdir, SWEEP_RECORD)
+  try:
+    record = files.read_json(path)
+  except FileNotFoundError:
+    return
+  except files.UnreadableFile as error:
+    raise WorkdirError(f"workdir {workdir} cannot be resumed: {error}. It records the sweep "
+                       "there: put back a whole copy, delete it to run this sweep there, or "
+                       "give another --workdir") from None
+  if not (isinstance(record, dict) and isinstance(record.get("config"), dict)
+          and isinstance(record.get("points"), list)
+          and all(isinstance(name, str) for name in record["points"])):
+    raise WorkdirError(f"workdir {workdir} cannot be resumed: {path} is no sweep's record "
+                       "({\"config\": …, \"points\": […]}); give another --workdir")
+  if sorted(record["points"]) != sorted(names):
+    there = [name for name in record["points"] if name not in names]
+    now = [name for name in names if name not in record["points"]]
+    shown = "; ".join([f"{name} there" for name in there[:2]] + [f"{name} now" for name in now[:2]])
+    raise ConfigError(f"workdir {workdir} holds a sweep of other points ({len(record['points'])} "
+                      f"there, {len(names)} now: {shown or 'repeated'}"
+                      f"{' …' if len(there) + len(now) > 4 else ''}); use a new --workdir")
+  every_point_sets = set.intersection(*(set(point) for point in points))
+  changes = config_changes(record["config"], json.loads(config.to_json_best_effort()), workdir,
+                           ignored=every_point_sets)
+  if changes:
+    raise ConfigError(f"workdir {workdir} holds a sweep with a different config ({changes}); "
+                      "use a new --workdir")
+
+
+def _record(config, points: list[dict], workdir: str) -> None:
+  """sweep.json: the sweep's base config and its points' names (process 0 writes it)."""
+  if jax.process_index() == 0:
+    files.write_json(os.path.join(workdir, SWEEP_RECORD),
+                     {"config": json.loads(config.to_json_best_effort()),
+                      "points": [point_name(point) for point in points]})
 
 
 def _finished(point_dir: str) -> dict | None:

@@ -19,7 +19,7 @@ import errno
 import fcntl
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import jax
 
@@ -29,10 +29,19 @@ LOCK_FILE = "run.lock"
 
 
 class Lease:
-  """A held workdir; `start()` once the run begins writing into it."""
-  started: bool = False
+  """A held workdir; `start()` once the run begins writing into it, which first calls
+  what `on_start` was given, in order (a sweep's record of itself in its root, say)."""
+
+  def __init__(self):
+    self.started = False
+    self._starting: list[Callable[[], None]] = []
+
+  def on_start(self, call: Callable[[], None]) -> None:
+    self._starting.append(call)
 
   def start(self) -> None:
+    for call in [] if self.started else self._starting:
+      call()
     self.started = True
 
 

@@ -6,6 +6,7 @@ runs the commands (tests/training/forked_launch.py: one start-up for all, JAX's 
 on). None of this needs the compile toolchains (tests/aot compiles for real)."""
 
 import contextlib
+import json
 import os
 import sys
 
@@ -13,7 +14,7 @@ import forked_launch
 import pytest
 import tiny
 
-from research.errors import ConfigError, WorkdirError
+from research.errors import ConfigError, UserError
 from research.training import compile_only as compile_only_module
 from research.training import workdir as workdirs
 
@@ -49,6 +50,37 @@ def test_an_override_without_its_value_is_refused_and_a_negative_number_is_a_val
     launch.check_overrides(config, ["--config.data.length", "--sweep"])
   launch.check_overrides(config, ["--config.train.learning_rate", "-0.1"])  # a value (of the
   # right type: validation refuses its sign later, naming the key)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-config.model.bogus=1"], "unknown config key config.model.bogus; keys under config.model"),
+    (["--config.model.bogus=1"], "unknown config key config.model.bogus; keys under config.model"),
+    (["-config.model.bogus", "1"], "unknown config key config.model.bogus; keys under"),
+    (["-config.model.dropout=0.1"], "config key config.model.dropout, now called "
+                                    "config.model.dropout_rate: set that key instead"),
+    (["-config.train.num_steps=abc"], "config.train.num_steps='abc' must be of type int"),
+    (["-config.train.num_steps", "abc"], "config.train.num_steps='abc' must be of type int"),
+    (["-config.train.num_steps"], "--config.train.num_steps needs a value"),
+    (["--noconfig.train.num_steps"], "--noconfig.train.num_steps sets a bool key to False and "
+                                     "takes no value; config.train.num_steps is 60"),
+])
+def test_an_override_is_checked_in_every_spelling_absl_accepts(argv, message):
+  """One dash or two, `=VALUE` or the next argument, `--noKEY` (config_flags applies each;
+  a one-dash typo ended in an AttributeError traceback)."""
+  with pytest.raises(ConfigError) as refused:
+    launch.check_overrides(tiny.config(), ["launch.py", "--workdir=/w", *argv])
+  assert str(refused.value).startswith(message), refused.value
+
+
+def test_flags_are_read_as_absl_reads_them():
+  """`-NAME` and `--NAME`, with `=VALUE` or without; nothing after `--`; `---NAME` and a
+  lone dash are no flag absl knows."""
+  argv = ["launch.py", "-config=a.py", "--config.x=1", "-config.y", "2", "---z", "-", "--",
+          "--config=b.py"]
+  assert list(launch.flags_of(argv)) == [(1, "config", "a.py"), (2, "config.x", "1"),
+                                         (3, "config.y", None), (5, "-z", None)]
+  assert launch.split_config_flag(argv) == ("a.py", [a for a in argv if a != "-config=a.py"])
+  launch.check_overrides(tiny.config(), ["launch.py", "--", "--config.model.bogus=1"])
 
 
 @pytest.mark.parametrize("flags, target", [
@@ -91,16 +123,44 @@ def _unreachable(*args, **kwargs):
   raise AssertionError("a refused compile_only reached the toolchain or the compiler")
 
 
+def _write_json(path: str, content: dict) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(content, f)
+
+
 @pytest.mark.parametrize("case", ["under a file", "a live run's", "report is a directory",
-                                  "sweep point is a file"])
+                                  "sweep point is a file", "checkpoints of another config",
+                                  "a run under a renamed key", "a single run, for a sweep",
+                                  "a sweep's root, for a single run"])
 def test_a_workdir_compile_only_cannot_use_is_refused_before_compiling_left_as_found(
     case, tmp_path, monkeypatch):
+  """The workdir rules of a training run (one wrote compile_report.json into a finished run
+  of another experiment), before anything is compiled or written."""
   monkeypatch.setattr(compile_only_module, "target_devices", _unreachable)
   monkeypatch.setattr(compile_only_module, "compile_report", _unreachable)
   config, points = tiny.config(), None
   (tmp_path / "file").write_text("x")
   workdir = str(tmp_path / "run")
-  if case == "under a file":
+  other = tiny.config(**{"model.hidden_size": 8}).to_dict()
+  if case == "checkpoints of another config":
+    _write_json(f"{workdir}/config.json", other)
+    os.makedirs(f"{workdir}/checkpoints/20")
+    message = (f"workdir {workdir} holds checkpoints of a run with a different config "
+               "(config.model.hidden_size 8 there, 16 now); use a new --workdir")
+  elif case == "a run under a renamed key":
+    other = config.to_dict()
+    other["model"]["dropout"] = other["model"].pop("dropout_rate")
+    _write_json(f"{workdir}/config.json", other)
+    message = f"workdir {workdir} was written with config.model.dropout, now called"
+  elif case == "a single run, for a sweep":
+    points = [{"model.hidden_size": 8}, {"model.hidden_size": 16}]
+    _write_json(f"{workdir}/config.json", config.to_dict())
+    message = f"workdir {workdir} holds a single run (config.json); a sweep needs a workdir"
+  elif case == "a sweep's root, for a single run":
+    _write_json(f"{workdir}/sweep.json", {"config": config.to_dict(), "points": ["a=1"]})
+    message = f"workdir {workdir} holds a sweep (sweep.json, its points in subdirectories)"
+  elif case == "under a file":
     workdir = str(tmp_path / "file" / "sub")
     message = f"workdir {workdir} cannot be created (Not a directory)"
   elif case == "report is a directory":
@@ -115,7 +175,7 @@ def test_a_workdir_compile_only_cannot_use_is_refused_before_compiling_left_as_f
     message = f"workdir {workdir} is in use by a live run (pid {os.getpid()} on "
   with workdirs.hold(workdir) if case == "a live run's" else contextlib.nullcontext():
     before = _tree(str(tmp_path))
-    with pytest.raises(WorkdirError) as refused:
+    with pytest.raises(UserError) as refused:
       compile_only_module.compile_sweep(config, points, workdir, tiny.task(), "t4")
     assert message in str(refused.value)
     assert _tree(str(tmp_path)) == before
@@ -142,6 +202,12 @@ def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_
       "a live run's workdir": (command("f", "--compile_only=tpu-v5e-1", "--sweep", workdir=live),
                                f"workdir {live} is in use by a live run (pid {os.getpid()} on "),
       "workdir without a value": ([*command("g"), "--workdir", "--sweep"], NO_WORKDIR),
+      "a one-dash override": (command("i", "-config.model.bogus=1"),
+                              "unknown config key config.model.bogus; keys under config.model"),
+      "a sweep into a live run's workdir": (command("j", "--sweep", workdir=live),
+                                            f"workdir {live} is in use by a live run (pid "),
+      "a sweep into a file": (command("k", "--sweep", workdir=f"{root}/file"),   # no warning first
+                              f"workdir {root}/file is a file, not a directory"),
       "a config file without --config": (
           command("h", "experiments/char_lm.py"),
           "unexpected argument 'experiments/char_lm.py': launch.py takes flags only (--config "

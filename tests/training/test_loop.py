@@ -1,5 +1,6 @@
 """train_and_evaluate end to end on a tiny config, in process."""
 
+import contextlib
 import itertools
 import json
 import logging
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 import tiny
 
-from research.errors import CheckpointMismatchError, ConfigError
-from research.training import loop
+from research.errors import CheckpointMismatchError, ConfigError, WorkdirError
+from research.training import loop, sweep
+from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.loop import Stopped, train_and_evaluate
 from research.training.metrics import NonFiniteLossError
@@ -60,13 +62,45 @@ class _PoisonedStream:
     self.stream.set_state(state)
 
 
-def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path):
+def _poisoned(first_bad: int):
+  """The tiny task, its training batches NaN from step first_bad on."""
   task = tiny.task()
-  poisoned = task._replace(build=lambda config: task.build(config)._replace(
-      train_data=_PoisonedStream(task.build(config).train_data, first_bad=26)))
+  return task._replace(build=lambda config: task.build(config)._replace(
+      train_data=_PoisonedStream(task.build(config).train_data, first_bad=first_bad)))
+
+
+def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path):
   with pytest.raises(NonFiniteLossError, match=r"loss is nan at step 26.*checkpoint \(step 20\)"):
-    train_and_evaluate(tiny.config(), str(tmp_path), poisoned)
+    train_and_evaluate(tiny.config(), str(tmp_path), _poisoned(first_bad=26))
   assert os.listdir(tmp_path / "checkpoints") == ["20"]
+
+
+def test_a_run_of_another_config_takes_over_a_workdir_only_where_nothing_was_saved(tmp_path,
+                                                                                 capsys):
+  """A run that failed before its first checkpoint (a NaN loss at step 15) leaves nothing
+  to resume: the corrected command (another config) runs there, its config.json replacing
+  the old one and the failed run's records set aside; a workdir with checkpoints of
+  another config stays refused, untouched."""
+  workdir, failed = str(tmp_path), tiny.config(**{"train.learning_rate": 0.02})
+  with pytest.raises(NonFiniteLossError, match="at step 15; stopping: no checkpoint"):
+    train_and_evaluate(failed, workdir, _poisoned(first_bad=15))
+  attempt = (tmp_path / "metrics.jsonl").read_text()
+  assert [json.loads(line)["step"] for line in attempt.splitlines()] == [10]
+  capsys.readouterr()
+  train_and_evaluate(tiny.config(), workdir, tiny.task())
+  assert (f"workdir {workdir}: its run of another config (config.train.learning_rate 0.02 "
+          "there, 0.01 now) saved no checkpoint; this config takes it over") in capsys.readouterr().err
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["train"]["learning_rate"] == 0.01
+  assert (tmp_path / "metrics.after_step_0.jsonl").read_text() == attempt
+  assert [r["step"] for r in tiny.records(workdir)] == [10, 20, 30, 30, 40, 50, 60, 60]
+  before = _tree(tmp_path)
+  with pytest.raises(ConfigError) as refused:
+    train_and_evaluate(failed, workdir, tiny.task())
+  assert str(refused.value) == (f"workdir {workdir} holds checkpoints of a run with a different "
+                                "config (config.train.learning_rate 0.01 there, 0.02 now); use "
+                                "a new --workdir")
+  assert _tree(tmp_path) == before
 
 
 def test_a_sigterm_late_in_a_step_still_saves_the_step_it_reports(tmp_path, monkeypatch):
@@ -167,6 +201,62 @@ def test_a_checkpoint_of_another_model_stops_the_run_and_moves_nothing(tmp_path,
   assert _tree(tmp_path) == before                   # every checkpoint and metric in place
 
 
+def _unreachable(*args, **kwargs):
+  raise AssertionError("a refused sweep trained a point")
+
+
+@pytest.mark.parametrize("case", ["a live run's", "a file", "under a file", "a single run's",
+                                  "a sweep of other points", "a sweep of another config",
+                                  "a point that is a file"])
+def test_a_sweep_refuses_a_root_workdir_a_run_would_refuse_before_any_point(case, tmp_path,
+                                                                          monkeypatch, capsys):
+  """The root is checked and held before the first point: one error, nothing printed
+  before it (a root under a file warned about every point's final_metrics.json first), and
+  the workdir as found."""
+  monkeypatch.setattr(sweep, "train", _unreachable)
+  config, points = tiny.config(), [{"model.kind": "rnn"}, {"model.kind": "gru"}]
+  root = str(tmp_path / "sweep")
+  record = {"config": config.to_dict(), "points": ["model.kind=rnn", "model.kind=gru"]}
+  (tmp_path / "file").write_text("x")
+  if case == "a file":
+    root = str(tmp_path / "file")
+    refusal = (WorkdirError, f"workdir {root} is a file, not a directory")
+  elif case == "under a file":
+    root = str(tmp_path / "file" / "sweep")
+    refusal = (WorkdirError, f"workdir {root} cannot be created (Not a directory)")
+  elif case == "a single run's":
+    _write_json(f"{root}/config.json", config.to_dict())
+    refusal = (WorkdirError, f"workdir {root} holds a single run (config.json); a sweep needs "
+                             "a workdir of its own")
+  elif case == "a sweep of other points":
+    _write_json(f"{root}/sweep.json", {**record, "points": ["seed=0", "model.kind=gru"]})
+    refusal = (ConfigError, f"workdir {root} holds a sweep of other points (2 there, 2 now: "
+                            "seed=0 there; model.kind=rnn now); use a new --workdir")
+  elif case == "a sweep of another config":
+    _write_json(f"{root}/sweep.json", {**record, "config": tiny.config(
+        **{"model.hidden_size": 8, "model.kind": "lstm"}).to_dict()})   # every point sets kind
+    refusal = (ConfigError, f"workdir {root} holds a sweep with a different config "
+                            "(config.model.hidden_size 8 there, 16 now); use a new --workdir")
+  elif case == "a point that is a file":
+    _write_json(f"{root}/model.kind=gru", {})
+    refusal = (WorkdirError, "the run writes a directory model.kind=gru there")
+  else:
+    refusal = (WorkdirError, f"workdir {root} is in use by a live run (pid {os.getpid()} on ")
+  with workdirs.hold(root) if case == "a live run's" else contextlib.nullcontext():
+    before = _tree(tmp_path)
+    with pytest.raises(refusal[0]) as refused:
+      run_sweep(config, points, root, tiny.task())
+    assert refusal[1] in str(refused.value)
+    assert _tree(tmp_path) == before
+  assert capsys.readouterr().err == ""
+
+
+def _write_json(path: str, content: dict) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(content, f)
+
+
 def test_sweep_writes_a_summary_and_skips_finished_points(tmp_path):
   config = tiny.config(**{"train.num_steps": 20, "train.eval_every": 20})
   points = [{"model.kind": "rnn"}, {"model.kind": "gru"}]
@@ -178,6 +268,15 @@ def test_sweep_writes_a_summary_and_skips_finished_points(tmp_path):
   assert rows[0]["eval/loss"] != rows[1]["eval/loss"]
   done = tmp_path / "model.kind=gru" / "final_metrics.json"
   stamp = os.path.getmtime(done)
+  with open(tmp_path / "sweep.json") as f:             # what a rerun must match
+    assert json.load(f) == {"config": json.loads(config.to_json_best_effort()),
+                            "points": ["model.kind=rnn", "model.kind=gru"]}
+  trained = []                     # more steps (a resumable key): the sweep goes on there
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sweep, "_finished", lambda point_dir: None)
+    patch.setattr(sweep, "train", lambda c, point_dir, *_, **__: trained.append(point_dir) or {})
+    run_sweep(tiny.config(**{"train.num_steps": 40}), points, str(tmp_path), tiny.task())
+  assert trained == [str(tmp_path / "model.kind=rnn"), str(tmp_path / "model.kind=gru")]
   assert run_sweep(config, points, str(tmp_path), tiny.task()) == rows
   assert os.path.getmtime(done) == stamp
   with open(tmp_path / "summary.csv") as f:
