@@ -173,12 +173,17 @@ def test_a_benchmark_refuses_a_bad_argument_in_one_line_before_it_starts(
   stderr naming the argument and what it allows (nothing compiled, timed or written)."""
   monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
   monkeypatch.chdir(ROOT)
-  module = importlib.import_module(name)
+  err = _refusal(importlib.import_module(name), argv, capsys)
+  assert err.startswith(f"error: {names}") and shows in err, err
+
+
+def _refusal(module, argv: list[str], capsys) -> str:
+  """What module.parse_arguments(argv) prints, one line, exiting with status 2."""
   with pytest.raises(SystemExit) as exit_:
     module.parse_arguments(argv)
   err = capsys.readouterr().err
   assert exit_.value.code == 2 and err.count("\n") == 1, err
-  assert err.startswith(f"error: {names}") and shows in err, err
+  return err
 
 
 def test_every_test_that_tests_markers_txt_names_exists():
@@ -244,10 +249,7 @@ def test_a_benchmarks_memory_check_passes_its_defaults_and_refuses_them_on_a_sma
       if not refused:
         module.parse_arguments(argv)
         continue
-      with pytest.raises(SystemExit) as exit_:
-        module.parse_arguments(argv)
-      err = capsys.readouterr().err
-      assert exit_.value.code == 2 and err.count("\n") == 1, err
+      err = _refusal(module, argv, capsys)
       assert "of host memory" in err and "but this machine has 4.0 MiB available" in err, err
 
 

@@ -358,16 +358,10 @@ def check_config(config, workdir: str) -> str | None:
   if os.path.exists(os.path.join(workdir, SWEEP_RECORD)):
     raise WorkdirError(f"workdir {workdir} holds a sweep ({SWEEP_RECORD}, its points in "
                        "subdirectories), not a single run; give another --workdir")
-  path = os.path.join(workdir, CONFIG)
-  try:
-    old = files.read_json(path)
-  except FileNotFoundError:
+  old = read_record(workdir, CONFIG, "the config of the run there", "to run this command's "
+                    "config there (its checkpoints are resumed)")
+  if old is None:
     return None
-  except files.UnreadableFile as error:
-    raise WorkdirError(
-        f"workdir {workdir} cannot be resumed: {error}. It records the config of the run "
-        f"there: put back a whole copy, delete it to run this command's config there (its "
-        f"checkpoints are resumed), or give another --workdir") from None
   changes = config_changes(old, json.loads(config.to_json_best_effort()), workdir)
   if not changes:
     return None
@@ -377,6 +371,20 @@ def check_config(config, workdir: str) -> str | None:
   return (f"workdir {workdir}: its run of another config ({changes}) saved no checkpoint; "
           f"this config takes it over ({CONFIG} replaced, the records of {METRICS_FILE} moved "
           "to a metrics.after_step_0 file)")
+
+
+def read_record(workdir: str, name: str, records: str, deleting: str):
+  """The JSON file `name` of workdir (config.json, a sweep's sweep.json), None where there
+  is none; WorkdirError naming it when it cannot be read, saying what it `records` and
+  what `deleting` it does."""
+  try:
+    return files.read_json(os.path.join(workdir, name))
+  except FileNotFoundError:
+    return None
+  except files.UnreadableFile as error:
+    raise WorkdirError(f"workdir {workdir} cannot be resumed: {error}. It records {records}: "
+                       f"put back a whole copy, delete it {deleting}, or give another "
+                       "--workdir") from None
 
 
 def config_changes(old: dict, new: dict, workdir: str, ignored: Iterable[str] = ()) -> str:

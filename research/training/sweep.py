@@ -29,6 +29,7 @@ from research.training.loop import (
   FINAL_METRICS,
   SWEEP_RECORD,
   config_changes,
+  read_record,
   train,
   validate,
 )
@@ -106,20 +107,15 @@ def check_sweep_workdir(config, points: list[dict], workdir: str) -> None:
     raise WorkdirError(f"workdir {workdir} holds a single run ({CONFIG}); a sweep needs a "
                        "workdir of its own (its points in subdirectories): give another "
                        "--workdir")
-  path = os.path.join(workdir, SWEEP_RECORD)
-  try:
-    record = files.read_json(path)
-  except FileNotFoundError:
+  record = read_record(workdir, SWEEP_RECORD, "the sweep there", "to run this sweep there")
+  if record is None:
     return
-  except files.UnreadableFile as error:
-    raise WorkdirError(f"workdir {workdir} cannot be resumed: {error}. It records the sweep "
-                       "there: put back a whole copy, delete it to run this sweep there, or "
-                       "give another --workdir") from None
   if not (isinstance(record, dict) and isinstance(record.get("config"), dict)
           and isinstance(record.get("points"), list)
           and all(isinstance(name, str) for name in record["points"])):
-    raise WorkdirError(f"workdir {workdir} cannot be resumed: {path} is no sweep's record "
-                       "({\"config\": …, \"points\": […]}); give another --workdir")
+    raise WorkdirError(f"workdir {workdir} cannot be resumed: {workdir}/{SWEEP_RECORD} is no "
+                       "sweep's record ({\"config\": …, \"points\": […]}); give another "
+                       "--workdir")
   if sorted(record["points"]) != sorted(names):
     there = [name for name in record["points"] if name not in names]
     now = [name for name in names if name not in record["points"]]

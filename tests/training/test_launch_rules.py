@@ -6,7 +6,6 @@ runs the commands (tests/training/forked_launch.py: one start-up for all, JAX's 
 on). None of this needs the compile toolchains (tests/aot compiles for real)."""
 
 import contextlib
-import json
 import os
 import sys
 
@@ -123,12 +122,6 @@ def _unreachable(*args, **kwargs):
   raise AssertionError("a refused compile_only reached the toolchain or the compiler")
 
 
-def _write_json(path: str, content: dict) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(content, f)
-
-
 @pytest.mark.parametrize("case", ["under a file", "a live run's", "report is a directory",
                                   "sweep point is a file", "checkpoints of another config",
                                   "a run under a renamed key", "a single run, for a sweep",
@@ -144,21 +137,21 @@ def test_a_workdir_compile_only_cannot_use_is_refused_before_compiling_left_as_f
   workdir = str(tmp_path / "run")
   other = tiny.config(**{"model.hidden_size": 8}).to_dict()
   if case == "checkpoints of another config":
-    _write_json(f"{workdir}/config.json", other)
+    tiny.write_json(f"{workdir}/config.json", other)
     os.makedirs(f"{workdir}/checkpoints/20")
     message = (f"workdir {workdir} holds checkpoints of a run with a different config "
                "(config.model.hidden_size 8 there, 16 now); use a new --workdir")
   elif case == "a run under a renamed key":
     other = config.to_dict()
     other["model"]["dropout"] = other["model"].pop("dropout_rate")
-    _write_json(f"{workdir}/config.json", other)
+    tiny.write_json(f"{workdir}/config.json", other)
     message = f"workdir {workdir} was written with config.model.dropout, now called"
   elif case == "a single run, for a sweep":
     points = [{"model.hidden_size": 8}, {"model.hidden_size": 16}]
-    _write_json(f"{workdir}/config.json", config.to_dict())
+    tiny.write_json(f"{workdir}/config.json", config.to_dict())
     message = f"workdir {workdir} holds a single run (config.json); a sweep needs a workdir"
   elif case == "a sweep's root, for a single run":
-    _write_json(f"{workdir}/sweep.json", {"config": config.to_dict(), "points": ["a=1"]})
+    tiny.write_json(f"{workdir}/sweep.json", {"config": config.to_dict(), "points": ["a=1"]})
     message = f"workdir {workdir} holds a sweep (sweep.json, its points in subdirectories)"
   elif case == "under a file":
     workdir = str(tmp_path / "file" / "sub")

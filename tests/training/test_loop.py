@@ -225,20 +225,20 @@ def test_a_sweep_refuses_a_root_workdir_a_run_would_refuse_before_any_point(case
     root = str(tmp_path / "file" / "sweep")
     refusal = (WorkdirError, f"workdir {root} cannot be created (Not a directory)")
   elif case == "a single run's":
-    _write_json(f"{root}/config.json", config.to_dict())
+    tiny.write_json(f"{root}/config.json", config.to_dict())
     refusal = (WorkdirError, f"workdir {root} holds a single run (config.json); a sweep needs "
                              "a workdir of its own")
   elif case == "a sweep of other points":
-    _write_json(f"{root}/sweep.json", {**record, "points": ["seed=0", "model.kind=gru"]})
+    tiny.write_json(f"{root}/sweep.json", {**record, "points": ["seed=0", "model.kind=gru"]})
     refusal = (ConfigError, f"workdir {root} holds a sweep of other points (2 there, 2 now: "
                             "seed=0 there; model.kind=rnn now); use a new --workdir")
   elif case == "a sweep of another config":
-    _write_json(f"{root}/sweep.json", {**record, "config": tiny.config(
+    tiny.write_json(f"{root}/sweep.json", {**record, "config": tiny.config(
         **{"model.hidden_size": 8, "model.kind": "lstm"}).to_dict()})   # every point sets kind
     refusal = (ConfigError, f"workdir {root} holds a sweep with a different config "
                             "(config.model.hidden_size 8 there, 16 now); use a new --workdir")
   elif case == "a point that is a file":
-    _write_json(f"{root}/model.kind=gru", {})
+    tiny.write_json(f"{root}/model.kind=gru", {})
     refusal = (WorkdirError, "the run writes a directory model.kind=gru there")
   else:
     refusal = (WorkdirError, f"workdir {root} is in use by a live run (pid {os.getpid()} on ")
@@ -249,12 +249,6 @@ def test_a_sweep_refuses_a_root_workdir_a_run_would_refuse_before_any_point(case
     assert refusal[1] in str(refused.value)
     assert _tree(tmp_path) == before
   assert capsys.readouterr().err == ""
-
-
-def _write_json(path: str, content: dict) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(content, f)
 
 
 def test_sweep_writes_a_summary_and_skips_finished_points(tmp_path):

@@ -59,6 +59,14 @@ def start(workdir: str, devices: int = 1, **overrides) -> subprocess.Popen:
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def write_json(path: str, content) -> None:
+  """A workdir's JSON file (config.json, sweep.json) as a run would leave it, its directory
+  made."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(content, f)
+
+
 def records(workdir: str, name: str | None = None) -> list:
   """metrics.jsonl's records, or the (step, value) pairs of metric `name`."""
   path = os.path.join(workdir, "metrics.jsonl")
