@@ -101,7 +101,7 @@ def check_sweep_workdir(config, points: list[dict], workdir: str) -> None:
   aside), or an entry where the sweep writes one of another kind; before anything is
   compiled or written."""
   names = [point_name(point) for point in points]
-  workdirs.check_entries(workdir, files=(SUMMARY_CSV, SUMMARY_MD, SWEEP_RECORD, CONFIG),
+  workdirs.check_entries(workdir, files=(SUMMARY_CSV, SUMMARY_MD, SWEEP_RECORD),
                          directories=tuple(names))
   if os.path.exists(os.path.join(workdir, CONFIG)):
     raise WorkdirError(f"workdir {workdir} holds a single run ({CONFIG}); a sweep needs a "
