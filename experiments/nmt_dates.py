@@ -16,7 +16,7 @@ variant side by side (1500 steps each): notebooks/nmt_attention_ablation.ipynb.
 Variant arguments (comma-separated key=value):
   attention  none | dot | scaled_dot | general | additive | concat | location
              | local_m | local_p | hard                    (default additive)
-  cell       rnn | lstm | gru                              (default lstm)
+  cell       rnn | lstm | gru: model.kind                  (default lstm)
   style      bahdanau | luong                              (default bahdanau)
   input_feeding  true | false    (Luong only; default false)
 A user's own parallel corpus: --config.data.corpus=path/to/pairs.tsv [--config.data.level=word]
@@ -52,7 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data.max_length = 200            # a corpus's pairs with a longer side are left out
 
   config.model = ml_collections.ConfigDict()   # research.models.Seq2Seq's fields
-  config.model.cell = variant["cell"]
+  config.model.kind = variant["cell"]     # rnn | lstm | gru: the encoder's and decoder's
   config.model.attention = variant["attention"]   # one of research.models.DECODER_ATTENTIONS
   config.model.style = variant["style"]
   config.model.input_feeding = variant["input_feeding"] == "true"
@@ -61,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.encoder_layers = 1
   config.model.bidirectional = True
   config.model.score = "general"          # inside local_m / local_p / hard
-  config.model.local_window = 5           # D of local_m / local_p
+  config.model.window = 5                 # D, the half-width of local_m / local_p
   config.model.hard_training = "gumbel"   # or "reinforce"
   config.model.dropout_rate = 0.0         # on the embeddings, between layers, before the output
   config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
@@ -83,5 +83,5 @@ def get_sweep() -> list[dict]:
                                              "location", "local_m", "local_p", "hard")]
   points += [{"model.style": "luong", "model.attention": "general", "model.input_feeding": f}
              for f in (False, True)]
-  points += [{"model.cell": c} for c in ("rnn", "gru")]
+  points += [{"model.kind": c} for c in ("rnn", "gru")]
   return points

@@ -64,7 +64,7 @@ HEATMAP_LOCALES = ("ru", "el", "ar", "fr", "de", "uk")   # scripts DejaVu Sans c
 
 def validate(config) -> None:
   m, d = config.model, config.data
-  check_choice(config, "model.cell", CELLS)
+  check_choice(config, "model.kind", CELLS)
   check_choice(config, "model.attention", DECODER_ATTENTIONS)
   check_choice(config, "model.style", STYLES)
   check_choice(config, "model.score", SCORE_FUNCTIONS)
@@ -72,7 +72,7 @@ def validate(config) -> None:
   check_choice(config, "model.dtype", COMPUTE_DTYPES)
   check_choice(config, "data.level", LEVELS)
   check_positive(config, "model.embed_size", "model.hidden_size", "model.encoder_layers",
-                 "model.local_window", "data.train_examples", "data.eval_examples",
+                 "model.window", "data.train_examples", "data.eval_examples",
                  "data.test_examples", "data.max_length", "decode.beam_size")
   if not d.corpus and d.train_examples < config.train.batch_size:
     raise ConfigError(f"config.data.train_examples={d.train_examples} must be at least "

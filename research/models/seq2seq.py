@@ -39,7 +39,7 @@ embeddings, between encoder layers and on o_t / h̃_t.
 
 Attention: a score name of `research.attention.SCORE_FUNCTIONS` (softmax over the
 non-padded source positions), "local_m" / "local_p" (Luong's window of half-width
-local_window around p_t = t or the predicted p_t, with the `score` field's function),
+D = `window` around p_t = t or the predicted p_t, with the `score` field's function),
 or "hard" (one source position, chosen with the `score` field's function). Hard
 attention picks the argmax at evaluation; in training, hard_training "gumbel" uses the
 straight-through Gumbel-softmax (gradients reach the score), and "reinforce" samples
@@ -102,7 +102,7 @@ class Encoder(nn.Module):
   vocab_size: int          # source vocabulary
   embed_size: int          # embedding features
   hidden_size: int         # features of h̄_s (each direction has half when bidirectional)
-  cell: str = "lstm"       # "rnn", "lstm" or "gru"
+  kind: str = "lstm"       # "rnn", "lstm" or "gru"
   num_layers: int = 1      # stacked recurrent layers
   bidirectional: bool = False  # add a reverse-time direction to every layer
   dropout_rate: float = 0.0  # on the embeddings and between layers, training only
@@ -114,13 +114,13 @@ class Encoder(nn.Module):
     directions = 2 if self.bidirectional else 1
     x = nn.Embed(self.vocab_size, self.embed_size, dtype=self.dtype, name="embed")(source)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    layer = LAYERS[self.cell](self.hidden_size // directions, num_layers=self.num_layers,
+    layer = LAYERS[self.kind](self.hidden_size // directions, num_layers=self.num_layers,
                               bidirectional=self.bidirectional, dropout=self.dropout_rate,
                               dtype=self.dtype, name="rnn")
     states, final = layer(x, seq_lengths=source_lengths, train=train)
-    h_n, c_n = final if self.cell == "lstm" else (final, None)
+    h_n, c_n = final if self.kind == "lstm" else (final, None)
     top = lambda s: jnp.concatenate(list(s[-directions:]), axis=-1)   # [K, B, h] -> [B, H]
-    carry = (top(c_n), top(h_n)) if self.cell == "lstm" else top(h_n)
+    carry = (top(c_n), top(h_n)) if self.kind == "lstm" else top(h_n)
     return Memory(states, source_lengths), carry
 
 
@@ -131,7 +131,7 @@ class DecoderAttention(nn.Module):
   score: str = "general"           # score function of local_m / local_p / hard
   features: int = 64               # a, width of additive / concat / local-p layers
   max_source_length: int | None = None  # S of the location score
-  local_window: int = 10           # D of local_m / local_p
+  window: int = 10                 # D, the half-width of local_m / local_p
   hard_training: str = "gumbel"    # "gumbel" or "reinforce"
   dtype: Any = None                # dtype of the score's matrix products (None: float32)
 
@@ -153,7 +153,7 @@ class DecoderAttention(nn.Module):
     else:
       monotonic = self.attention == "local_m"
       local = LocalAttention(score, mode="monotonic" if monotonic else "predictive",
-                             half_window=self.local_window, features=self.features,
+                             half_window=self.window, features=self.features,
                              name="local")
       context, weights = local(q, keys, keys, kv_lengths=memory.lengths,
                                query_positions=step[:, None] if monotonic else None)
@@ -165,25 +165,25 @@ class Decoder(nn.Module):
   vocab_size: int                  # target vocabulary V
   embed_size: int                  # embedding features
   hidden_size: int                 # H, features of the cell state
-  cell: str = "lstm"               # "rnn", "lstm" or "gru"
+  kind: str = "lstm"               # "rnn", "lstm" or "gru"
   attention: str = "general"       # "none", a score name, "local_m", "local_p" or "hard"
   style: str = "luong"             # "bahdanau" or "luong"
   input_feeding: bool = True       # Luong: feed h̃_{t-1} with the next input
   score: str = "general"           # score function of local_m / local_p / hard
   attention_features: int | None = None  # a of additive / concat / local-p (None: H)
   max_source_length: int | None = None   # S of the location score
-  local_window: int = 10           # D of local_m / local_p
+  window: int = 10                 # D, the half-width of local_m / local_p
   hard_training: str = "gumbel"    # "gumbel" or "reinforce"
   dropout_rate: float = 0.0        # on the embeddings and before the output layer
   dtype: Any = None                # dtype of the matrix products (None: float32)
 
   def setup(self):
     self.embed = nn.Embed(self.vocab_size, self.embed_size, dtype=self.dtype)
-    self.rnn = CELLS[self.cell](self.hidden_size, dtype=self.dtype)
+    self.rnn = CELLS[self.kind](self.hidden_size, dtype=self.dtype)
     if self.attention != "none":
       self.attend = DecoderAttention(self.attention, self.score,
                                      self.attention_features or self.hidden_size,
-                                     self.max_source_length, self.local_window,
+                                     self.max_source_length, self.window,
                                      self.hard_training, self.dtype)
     if self.style == "bahdanau":
       self.pre_output = nn.Dense(2 * self.hidden_size, dtype=self.dtype)           # U_o, b_o
@@ -246,13 +246,13 @@ class Seq2Seq(nn.Module):
   target_vocab_size: int           # target vocabulary V
   embed_size: int = 64             # embedding features (source and target)
   hidden_size: int = 64            # H: decoder state and encoder states h̄_s
-  cell: str = "lstm"               # "rnn", "lstm" or "gru", encoder and decoder
+  kind: str = "lstm"               # "rnn", "lstm" or "gru", encoder and decoder
   encoder_layers: int = 1          # stacked encoder layers
   bidirectional: bool = False      # bidirectional encoder (hidden_size / 2 per direction)
   attention: str = "general"       # "none", a score name, "local_m", "local_p" or "hard"
   style: str = "luong"             # "bahdanau" (query s_{t-1}) or "luong" (query h_t)
   input_feeding: bool = True       # Luong only: feed h̃_{t-1} with the next input
-  local_window: int = 10           # D, half-width of the local_m / local_p window
+  window: int = 10                 # D, the half-width of local_m / local_p
   dropout_rate: float = 0.0        # dropout rate, training only
   score: str = "general"           # score function of local_m / local_p / hard
   attention_features: int | None = None  # a of additive / concat / local-p (None: H)
@@ -261,7 +261,7 @@ class Seq2Seq(nn.Module):
   dtype: Any = None                # dtype of the matrix products, e.g. "bfloat16" (None: float32)
 
   def _check_config(self):
-    choices = {"cell": (self.cell, tuple(CELLS)),
+    choices = {"kind": (self.kind, tuple(CELLS)),
                "attention": (self.attention, DECODER_ATTENTIONS), "style": (self.style, STYLES),
                "score": (self.score, tuple(SCORE_FUNCTIONS)),
                "hard_training": (self.hard_training, tuple(HARD_TRAINING))}
@@ -280,13 +280,13 @@ class Seq2Seq(nn.Module):
 
   def setup(self):
     self._check_config()
-    self.encoder = Encoder(self.source_vocab_size, self.embed_size, self.hidden_size, self.cell,
+    self.encoder = Encoder(self.source_vocab_size, self.embed_size, self.hidden_size, self.kind,
                            self.encoder_layers, self.bidirectional, self.dropout_rate,
                            self.dtype)
-    self.decoder = Decoder(self.target_vocab_size, self.embed_size, self.hidden_size, self.cell,
+    self.decoder = Decoder(self.target_vocab_size, self.embed_size, self.hidden_size, self.kind,
                            self.attention, self.style, self.input_feeding, self.score,
                            self.attention_features, self.max_source_length,
-                           self.local_window, self.hard_training, self.dropout_rate,
+                           self.window, self.hard_training, self.dropout_rate,
                            self.dtype)
 
   def encode(self, source: Array, source_lengths: Array, *,

@@ -5,11 +5,16 @@ workdir's config.json is refused with a message that names the new one.
   model.mlp_ratio   -> model.mlp_size       char_lm: the MLP's width itself, no longer a
                                             multiple of hidden_size (ratio 4 at hidden_size
                                             256 is mlp_size 1024)
+  model.cell        -> model.kind           nmt_dates: rnn | lstm | gru, as in the others
+  model.local_window -> model.window        nmt_dates: local_m / local_p's half-width D, as
+                                            the local attentions' window elsewhere
 """
 
 RENAMED_KEYS = {
     "model.dropout": ("model.dropout_rate", ""),
     "model.mlp_ratio": ("model.mlp_size", "the MLP's width itself, mlp_ratio × hidden_size"),
+    "model.cell": ("model.kind", "rnn, lstm or gru, as model.kind in every experiment"),
+    "model.local_window": ("model.window", "the half-width D of local_m / local_p"),
 }
 
 

@@ -32,7 +32,7 @@ def tiny_config(arg=None, **overrides):
 
 @pytest.mark.parametrize("arg, overrides, message", [
     ("attention=bahdanau_dot", {}, "config.model.attention='bahdanau_dot' is not allowed"),
-    ("style=luong,cell=lstmx", {}, "config.model.cell='lstmx' is not allowed; choose one of: 'rnn'"),
+    ("style=luong,cell=lstmx", {}, "config.model.kind='lstmx' is not allowed; choose one of: 'rnn'"),
     ("input_feeding=true", {}, "config.model.input_feeding=True needs config.model.style='luong'"),
     (None, {"data.locales": "fr,xx"}, "config.data.locales has unknown locales ['xx']"),
     (None, {"data.corpus": "/no/such.tsv"}, "config.data.corpus='/no/such.tsv' is not a file"),

@@ -28,7 +28,7 @@ def random_model():
   """A small GRU model with Bahdanau attention and large random parameters (peaked
   distributions, so EOS comes at different steps in different rows)."""
   model = Seq2Seq(source_vocab_size=7, target_vocab_size=5, embed_size=6, hidden_size=8,
-                  cell="gru", attention="additive", style="bahdanau", input_feeding=False)
+                  kind="gru", attention="additive", style="bahdanau", input_feeding=False)
   shapes = jax.eval_shape(model.init, jax.random.key(0), SOURCE, LENGTHS, SOURCE)["params"]
   rng = np.random.default_rng(6)
   params = jax.tree.map(lambda s: jnp.asarray(rng.uniform(-1.5, 1.5, s.shape), s.dtype), shapes)

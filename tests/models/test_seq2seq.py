@@ -72,8 +72,8 @@ VARIANTS = [  # attention, style, cell, bidirectional
 
 @pytest.mark.parametrize("attention, style, cell, bidirectional", VARIANTS)
 def test_every_attention_runs_and_ignores_padding(attention, style, cell, bidirectional):
-  model = Seq2Seq(**TINY, cell=cell, bidirectional=bidirectional, attention=attention,
-                  style=style, input_feeding=style == "luong", local_window=1,
+  model = Seq2Seq(**TINY, kind=cell, bidirectional=bidirectional, attention=attention,
+                  style=style, input_feeding=style == "luong", window=1,
                   max_source_length=SOURCE.shape[1])
   params = random_params(model)
   apply = jax.jit(model.apply)
@@ -100,7 +100,7 @@ def test_every_attention_runs_and_ignores_padding(attention, style, cell, bidire
 def test_luong_attentional_state_with_input_feeding():
   """h_t = cell(h_{t-1}, [y_{t-1}; h̃_{t-1}]), a_t = softmax_s(h_tᵀ W_a h̄_s),
   h̃_t = tanh(W_c [c_t; h_t]), logits = W_s h̃_t + b; bidirectional start state."""
-  model = Seq2Seq(**TINY, cell="rnn", bidirectional=True, attention="general", style="luong",
+  model = Seq2Seq(**TINY, kind="rnn", bidirectional=True, attention="general", style="luong",
                   input_feeding=True)
   params = random_params(model, seed=1)
   (logits, weights), (memory, state) = forward_and_encode(model, params)
@@ -132,7 +132,7 @@ def test_luong_without_input_feeding_reads_only_the_embedding():
 def test_bahdanau_queries_the_previous_state():
   """a_t = softmax_s(s_{t-1}ᵀ h̄_s), s_t = cell(s_{t-1}, [y_{t-1}; c_t]),
   logits = W_o maxout(U_o [s_t; c_t; y_{t-1}] + b_o) + b."""
-  model = Seq2Seq(**TINY, cell="rnn", attention="dot", style="bahdanau", input_feeding=False)
+  model = Seq2Seq(**TINY, kind="rnn", attention="dot", style="bahdanau", input_feeding=False)
   params = random_params(model, seed=2, scale=0.8)
   (logits, weights), (memory, state) = forward_and_encode(model, params)
   states = np.asarray(memory.states, np.float64)
@@ -200,7 +200,7 @@ def reversal_batch(rng, batch, vocab, max_len):
 def test_training_on_reversal_lowers_the_loss():
   source, lengths, target_in, target_out = reversal_batch(np.random.default_rng(0), 32, 8, 5)
   model = Seq2Seq(source_vocab_size=8, target_vocab_size=8, embed_size=16, hidden_size=32,
-                  cell="rnn", attention="dot", style="luong")
+                  kind="rnn", attention="dot", style="luong")
   params = random_params(model, scale=0.2)
   optimizer = optax.adam(1e-2)
 
