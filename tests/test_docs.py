@@ -2,17 +2,16 @@
 page is reachable by links, every relative link of README.md, docs/ and results/'s READMEs
 names an existing file (and heading, where it names one), and each figure of the README's
 headline table is one of the checked quoted tables of the page its row links to
-(tests/test_docs_results.py and tests/notebooks/test_docs_figures.py check those against
+(tests/test_docs_results.py and tests/test_docs_figures.py check those against
 the committed results)."""
 
-import glob
 import os
 import re
 import urllib.parse
 
 import pytest
+from docs_pages import ROOT, docs_pages, read
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE = re.compile(r"`[^`\n]*`")
@@ -22,20 +21,14 @@ FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?%|(?<![\w.])\d+\.\d+(?![\d.])")
 README_MAX_LINES = 200
 
 
-def read(path: str) -> str:
-  with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-    return f.read()
-
-
 def prose(text: str) -> str:
   """The text without code blocks and inline code, where links are not links."""
   return CODE.sub("", FENCE.sub("", text))
 
 
 def documents() -> list[str]:
-  docs = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
   return ["README.md", "CHANGELOG.md", "results/README.md", "results/exploratory/README.md",
-          *sorted(os.path.relpath(p, ROOT) for p in docs)]
+          *docs_pages()]
 
 
 def relative_links(path: str) -> list[tuple[str, str]]:
@@ -78,8 +71,7 @@ def test_every_docs_page_is_reachable_from_the_readme():
       continue
     reached.add(page)
     todo += [file for file, _ in relative_links(page) if file.endswith(".md")]
-  docs = {os.path.relpath(p, ROOT)
-          for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)}
+  docs = set(docs_pages())
   assert docs and not docs - reached, f"not reachable from README.md: {sorted(docs - reached)}"
 
 

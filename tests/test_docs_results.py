@@ -12,28 +12,16 @@ quoted, and every run kept in results/ outside it has finished.
 """
 
 import csv
-import glob
 import json
 import os
 import re
 
 import pytest
+from docs_pages import ROOT, pages, read
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"<!-- from (results/[\w./=,-]+) -->\n(.*?)<!-- /from -->", re.S)
 NUMBER = re.compile(r"^(-?\d+(?:\.(\d+))?(?:[eE][-+]?\d+)?)\s*(.*)$")
 EXPLORATORY = "results/exploratory/"
-
-
-def pages() -> list[str]:
-  """README.md and every docs/ page, as paths relative to the repository."""
-  docs = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
-  return ["README.md", *sorted(os.path.relpath(p, ROOT) for p in docs)]
-
-
-def read(page: str) -> str:
-  with open(os.path.join(ROOT, page), encoding="utf-8") as f:
-    return f.read()
 
 
 def cells(line: str) -> list[str]:

@@ -106,18 +106,6 @@ def test_an_unknown_target_is_refused_listing_the_targets_and_the_nearest(value,
                                 f"of: {TARGETS}")
 
 
-def _tree(directory: str) -> dict:
-  """{relative path: content} of every file under directory; None if there is none."""
-  if not os.path.exists(directory):
-    return None
-  tree = {}
-  for parent, _, names in os.walk(directory):
-    for name in names:
-      with open(os.path.join(parent, name), "rb") as f:
-        tree[os.path.relpath(os.path.join(parent, name), directory)] = f.read()
-  return tree
-
-
 def _unreachable(*args, **kwargs):
   raise AssertionError("a refused compile_only reached the toolchain or the compiler")
 
@@ -167,11 +155,11 @@ def test_a_workdir_compile_only_cannot_use_is_refused_before_compiling_left_as_f
   else:
     message = f"workdir {workdir} is in use by a live run (pid {os.getpid()} on "
   with workdirs.hold(workdir) if case == "a live run's" else contextlib.nullcontext():
-    before = _tree(str(tmp_path))
+    before = tiny.files_under(str(tmp_path))
     with pytest.raises(UserError) as refused:
       compile_only_module.compile_sweep(config, points, workdir, tiny.task(), "t4")
     assert message in str(refused.value)
-    assert _tree(str(tmp_path)) == before
+    assert tiny.files_under(str(tmp_path)) == before
 
 
 @pytest.mark.slow
@@ -210,9 +198,9 @@ def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_
   output = os.path.join(root, "output")
   os.makedirs(output)
   with workdirs.hold(live):
-    before = _tree(root)
+    before = tiny.files_under(root)
     results = forked_launch.run_all({name: argv for name, (argv, _) in cases.items()}, output)
-    assert {k: v for k, v in _tree(root).items() if not k.startswith("output")} == before
+    assert {k: v for k, v in tiny.files_under(root).items() if not k.startswith("output")} == before
   assert not os.path.exists(os.path.join(tiny.ROOT, "--sweep"))
   for name, (_, message) in cases.items():
     status, _, stderr = results[name]

@@ -185,23 +185,13 @@ def _cases(paths: dict, root: str) -> dict:
   }
 
 
-def _tree(directory: str) -> dict:
-  """{relative path: content} of every file under directory; {} if there is none."""
-  tree = {}
-  for parent, _, names in os.walk(directory):
-    for name in names:
-      with open(os.path.join(parent, name), "rb") as f:
-        tree[os.path.relpath(os.path.join(parent, name), directory)] = f.read()
-  return tree
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """Every case, then the char_lm command corrected into the workdir its refusal used."""
   root = str(tmp_path_factory.mktemp("user_errors"))
   paths = _files(root)
   cases = _cases(paths, root)
-  before = {name: _tree(workdir) for name, (_, workdir, _) in cases.items()}
+  before = {name: tiny.files_under(workdir) for name, (_, workdir, _) in cases.items()}
   commands = {name: [*argv, f"--workdir={workdir}"] for name, (argv, workdir, _) in cases.items()}
   corrected = cases["char_lm dangling symlink"][1]
   commands["char_lm corrected"] = [*CHAR_LM, f"--config.data.stdlib={root}/fixed_library",
@@ -226,7 +216,7 @@ def test_a_user_error_is_one_line_exit_2_and_the_workdir_stays_as_found(runs, ca
   assert line.startswith("error: ") and cases[case][2] in line, line
   workdir = cases[case][1]
   if workdir != corrected:                       # (the corrected command ran there since)
-    assert _tree(workdir) == before[case]        # no run.lock, no config.json, nothing
+    assert tiny.files_under(workdir) == before[case]   # no run.lock, no config.json, nothing
     assert os.path.exists(workdir) == bool(before[case])   # a fresh one is not even made
 
 

@@ -67,6 +67,19 @@ def write_json(path: str, content) -> None:
     json.dump(content, f)
 
 
+def files_under(directory) -> dict | None:
+  """{relative path: content} of every file under directory, None where there is none: equal
+  before and after a command that left it as it found it (created nothing, changed nothing)."""
+  if not os.path.exists(directory):
+    return None
+  tree = {}
+  for parent, _, names in os.walk(directory):
+    for name in names:
+      with open(os.path.join(parent, name), "rb") as f:
+        tree[os.path.relpath(os.path.join(parent, name), directory)] = f.read()
+  return tree
+
+
 def records(workdir: str, name: str | None = None) -> list:
   """metrics.jsonl's records, or the (step, value) pairs of metric `name`."""
   path = os.path.join(workdir, "metrics.jsonl")

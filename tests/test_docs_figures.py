@@ -6,27 +6,15 @@ markdown table or printed text). Nothing is trained: both files are read as they
 repository.
 """
 
-import glob
 import json
 import os
 import re
 
 import pytest
+from docs_pages import ROOT, pages, read
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 BLOCK = re.compile(r"<!-- from notebooks/([\w.-]+\.ipynb) -->\n(.*?)<!-- /from -->", re.S)
-
-
-def pages() -> list[str]:
-  """README.md and every docs/ page, as paths relative to the repository."""
-  docs = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
-  return ["README.md", *sorted(os.path.relpath(p, ROOT) for p in docs)]
-
-
-def read(page: str) -> str:
-  with open(os.path.join(ROOT, page), encoding="utf-8") as f:
-    return f.read()
 
 
 def lines(text: str) -> list[str]:
