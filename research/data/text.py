@@ -80,6 +80,11 @@ class Vocabulary:
   def to_json(self) -> str:
     return json.dumps({"tokens": self.tokens}, ensure_ascii=False, indent=0)
 
+  @classmethod
+  def from_json(cls, text: str) -> "Vocabulary":
+    """The vocabulary that `to_json` wrote as `text`."""
+    return cls(json.loads(text)["tokens"])
+
   def save(self, path: str | os.PathLike) -> None:
     with open(path, "w", encoding="utf-8") as f:
       f.write(self.to_json())
@@ -87,7 +92,7 @@ class Vocabulary:
   @classmethod
   def load(cls, path: str | os.PathLike) -> "Vocabulary":
     with open(path, encoding="utf-8") as f:
-      return cls(json.load(f)["tokens"])
+      return cls.from_json(f.read())
 
 
 def read_parallel_corpus(path: str | os.PathLike, level: str = "char",

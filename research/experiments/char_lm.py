@@ -67,7 +67,7 @@ from research.experiments.stack_config import (
 )
 from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel, sample
-from research.training.experiment import Report, Workload
+from research.training.experiment import Model, Report, Workload
 from research.training.validation import (
   check_choice,
   check_host_memory,
@@ -313,9 +313,18 @@ def draw_samples(config, model: LanguageModel, params) -> str:
 
 # ---- The task -----------------------------------------------------------------------------
 
+def build_model(config, read=None) -> Model:
+  """make_model(config), initialised on a window of config.data.context bytes; no extras
+  (the vocabulary is the 256 bytes, python_corpus.FILE_START = 0 before each file)."""
+  del read     # the corpus manifest the run writes is not needed
+  model = make_model(config)
+  return Model(model, lambda rng: model.init(
+      rng, jnp.zeros((1, config.data.context), jnp.int32))["params"])
+
+
 def build(config) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
-  d, model = config.data, make_model(config)
+  d, (model, init, _) = config.data, build_model(config)
   corpus = load_corpus(config)
   if model.kind in BLOCK_KINDS:
     check_test_memory(config, sum(map(len, corpus.texts("test", d.test_bytes))))
@@ -329,9 +338,6 @@ def build(config) -> Workload:
 
   def generate(rng, batch_size):
     return {"tokens": python_corpus.random_windows(train_stream, rng, batch_size, d.context)}
-
-  def init(rng):
-    return model.init(rng, jnp.zeros((1, d.context), jnp.int32))["params"]
 
   def loss(params, batch, rng):
     nats = window_losses(model, params, batch["tokens"], rng).mean()
@@ -353,4 +359,4 @@ def build(config) -> Workload:
               files={MANIFEST: json.dumps(manifest, indent=2) + "\n"})
 
 
-register("char_lm", validate=validate, build=build)
+register("char_lm", validate=validate, build=build, build_model=build_model)

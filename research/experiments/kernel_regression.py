@@ -44,7 +44,7 @@ from research.data import regression_1d as data
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError
 from research.experiments.registry import register
-from research.training.experiment import Heatmap, Report, Workload
+from research.training.experiment import Heatmap, Model, Report, Workload
 from research.training.validation import check_host_memory, check_positive, check_range, get
 
 Array = jax.Array
@@ -164,16 +164,24 @@ def learned_bandwidths(params) -> dict[str, Array]:
   return {k: jnp.exp(p["log_bandwidth"]) for k, p in params.items()}
 
 
+def build_model(config, read=None) -> Model:
+  """Regressors over config.model.kernels; extras: the data, make_data(config) (drawn from
+  config.seed in microseconds): x_train, y_train [num_train], the points every prediction
+  attends to, and the test grid x_test, y_test."""
+  del read     # the run writes no file
+  arrays = make_data(config)
+  model = Regressors(kernel_names(config), config.model.bandwidth)
+  x_train, y_train = arrays["x_train"][:, None], arrays["y_train"][:, None]
+  return Model(model, lambda rng: model.init(rng, jnp.asarray(x_train[:1]), jnp.asarray(x_train),
+                                             jnp.asarray(y_train))["params"], arrays)
+
+
 def build(config) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
-  kernels, arrays = kernel_names(config), make_data(config)
-  model = Regressors(kernels, config.model.bandwidth)
+  kernels, (model, init, arrays) = kernel_names(config), build_model(config)
   x_train, y_train = jnp.asarray(arrays["x_train"]), jnp.asarray(arrays["y_train"])
   rest = jnp.asarray(others(config.data.num_train))
   n = config.data.num_train
-
-  def init(rng):
-    return model.init(rng, x_train[:1, None], x_train[:, None], y_train[:, None])["params"]
 
   def loss(params, batch, rng):
     """The mean over the kernels of the leave-one-out MSE of the batch's training points."""
@@ -279,4 +287,4 @@ def draw_fit(arrays, curves: dict[str, np.ndarray]) -> str:
   return buffer.getvalue()
 
 
-register("kernel_regression", validate=validate, build=build)
+register("kernel_regression", validate=validate, build=build, build_model=build_model)

@@ -41,7 +41,7 @@ from research.models.block_stack import POSITIONS
 from research.models.encoder_classifier import POOLINGS, EncoderClassifier
 from research.models.kinds import BLOCK_KINDS
 from research.models.transformer_block import NORMS
-from research.training.experiment import Report, Workload
+from research.training.experiment import Model, Report, Workload
 from research.training.validation import (
   check_choice,
   check_host_memory,
@@ -181,8 +181,12 @@ def split_files(config) -> dict[str, str]:
 
 class Data(NamedTuple):
   splits: dict[str, dict[str, np.ndarray]]   # split -> {"tokens" [N, max_length], "lengths", "labels"}
-  vocab_size: int                            # token ids 1 … vocab_size − 1; 0 pads
   boundaries: tuple[int, ...]                # ascending bucket bounds, the last max_length
+
+
+def token_ids(brackets: bool) -> dict[str, int]:
+  """ListOps' tokens as LRA's pipeline makes them (listops.tokenize) -> ids 1 … (0 pads)."""
+  return {token: i + 1 for i, token in enumerate(listops.vocabulary(brackets))}
 
 
 def encode(pairs: list[tuple[str, int]], path: str, brackets: bool, max_length: int
@@ -192,7 +196,7 @@ def encode(pairs: list[tuple[str, int]], path: str, brackets: bool, max_length: 
 
   InputError naming path:line for a source without a token or with a token outside
   ListOps' vocabulary (anywhere in it, kept or truncated)."""
-  ids = {token: i + 1 for i, token in enumerate(listops.vocabulary(brackets))}
+  ids = token_ids(brackets)
   tokens = np.zeros((len(pairs), max_length), np.int32)
   lengths = np.zeros(len(pairs), np.int32)
   for row, (source, _) in enumerate(pairs):
@@ -231,7 +235,7 @@ def load_data(config) -> Data:
     raise InputError(f"{error} (a generated split, changed since: delete "
                      f"{generated_directory(config)} to generate it again)") from None
   boundaries = bucket_boundaries(splits["train"]["lengths"], d.length_buckets, d.max_length)
-  return Data(splits, len(listops.vocabulary(d.brackets)) + 1, boundaries)
+  return Data(splits, boundaries)
 
 
 def placeholder_data(config) -> Data:
@@ -240,13 +244,19 @@ def placeholder_data(config) -> Data:
   d, rows = config.data, config.train.batch_size
   split = {"tokens": np.ones((rows, d.max_length), np.int32),
            "lengths": np.full(rows, d.max_length, np.int32), "labels": np.zeros(rows, np.int32)}
-  return Data(dict.fromkeys(SPLITS, split), len(listops.vocabulary(d.brackets)) + 1,
-              (d.max_length,))
+  return Data(dict.fromkeys(SPLITS, split), (d.max_length,))
 
 
-def make_model(config, data: Data) -> EncoderClassifier:
-  return EncoderClassifier(**config.model, vocab_size=data.vocab_size,
-                           num_classes=listops.NUM_CLASSES, max_length=config.data.max_length)
+def build_model(config, read=None) -> Model:
+  """config.model's EncoderClassifier over ListOps' fixed vocabulary, initialised on one
+  input of config.data.max_length tokens; extras {"token_ids": token_ids(brackets)}."""
+  del read     # the run writes no file
+  ids, max_length = token_ids(config.data.brackets), config.data.max_length
+  model = EncoderClassifier(**config.model, vocab_size=len(ids) + 1,
+                            num_classes=listops.NUM_CLASSES, max_length=max_length)
+  return Model(model, lambda rng: model.init(rng, jnp.ones((1, max_length), jnp.int32),
+                                             jnp.full((1,), max_length, jnp.int32))["params"],
+               {"token_ids": ids})
 
 
 def batches(split: dict[str, np.ndarray], batch_size: int, boundaries) -> list[dict]:
@@ -257,12 +267,8 @@ def batches(split: dict[str, np.ndarray], batch_size: int, boundaries) -> list[d
 def build(config, data: Data | None = None) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
   data = load_data(config) if data is None else data
-  model = make_model(config, data)
+  model, init, _ = build_model(config)
   train = data.splits["train"]
-
-  def init(rng):
-    return model.init(rng, jnp.asarray(train["tokens"][:1]), jnp.asarray(train["lengths"][:1])
-                      )["params"]
 
   def example_metrics(logits, labels):
     cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -299,4 +305,4 @@ def build(config, data: Data | None = None) -> Workload:
 
 register("listops", validate=validate, build=build,
          build_shapes=lambda config: build(config, placeholder_data(config)),
-         generates_data=generates_data)
+         generates_data=generates_data, build_model=build_model)

@@ -4,8 +4,9 @@ Data (config.data): with `corpus` empty, dates rendered by babel from CLDR
 (research/data/dates.py; splits disjoint by date); otherwise the user's own
 `source<TAB>target` file, shuffled with the seed and split 90/5/5, leaving out (with a
 warning that counts them) pairs longer than `max_length` tokens. Tokens are characters
-(dates) or config.data.level. Vocabularies come from the training split and are written
-into the workdir (source_vocab.json, target_vocab.json).
+(dates) or config.data.level. Vocabularies come from the training split; they and the
+longest source and target are written into the workdir (source_vocab.json,
+target_vocab.json, lengths.json), from which `build_model` makes the model again.
 
 Model: `Seq2Seq(**config.model, <vocabulary sizes and source length from the data>)`,
 so config.model's keys are Seq2Seq's fields.
@@ -17,6 +18,7 @@ split greedily and with beam search: token accuracy, exact match, exact match by
 length bucket, sample predictions (predictions.tsv) and attention heatmaps.
 """
 
+import json
 import os
 from typing import NamedTuple
 
@@ -43,7 +45,7 @@ from research.errors import ConfigError, InputError
 from research.experiments.registry import register
 from research.models.decoding import beam_search, greedy_decode
 from research.models.seq2seq import CELLS, DECODER_ATTENTIONS, HARD_TRAINING, STYLES, Seq2Seq
-from research.training.experiment import Heatmap, Report, Workload
+from research.training.experiment import Heatmap, Model, Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
@@ -60,6 +62,7 @@ CORPUS_BYTES = 32                  # host bytes per byte of a corpus, read as to
 LENGTH_BUCKETS = (0, 10, 20, 30, 1000)        # source tokens: [0, 10), [10, 20), ...
 CORPUS_SPLITS = {"train": 0.9, "validation": 0.05, "test": 0.05}
 HEATMAP_LOCALES = ("ru", "el", "ar", "fr", "de", "uk")   # scripts DejaVu Sans can draw
+SOURCE_VOCAB, TARGET_VOCAB, LENGTHS = "source_vocab.json", "target_vocab.json", "lengths.json"
 
 
 def validate(config) -> None:
@@ -124,11 +127,16 @@ def _locales(config) -> tuple[str, ...]:
   return dates.LOCALES if text == "all" else tuple(x.strip() for x in text.split(","))
 
 
+def level(config) -> str:
+  """How text is tokenized: "char" for the dates, config.data.level for a corpus."""
+  return config.data.level if config.data.corpus else "char"
+
+
 def load_data(config) -> Data:
   d = config.data
   sizes = {"train": d.train_examples, "validation": d.eval_examples, "test": d.test_examples}
   if d.corpus:
-    level, (pairs, skipped) = d.level, parallel_corpus_pairs(d.corpus, d.level, d.max_length)
+    pairs, skipped = parallel_corpus_pairs(d.corpus, d.level, d.max_length)
     order = np.random.default_rng(config.seed).permutation(len(pairs))
     fractions = list(CORPUS_SPLITS.values())[:-1]      # the last split takes the rest
     parts = np.split(order, np.cumsum([int(f * len(pairs)) for f in fractions]))
@@ -136,10 +144,10 @@ def load_data(config) -> Data:
     groups = {s: [""] * len(t) for s, t in tokens.items()}
     _check_corpus_splits(config, {s: len(t) for s, t in tokens.items()}, skipped)
   else:
-    level, tokens, groups = "char", {}, {}
+    tokens, groups = {}, {}
     for split, size in sizes.items():
       records = dates.date_records(split, size, config.seed, _locales(config))
-      tokens[split] = [(tokenize(r.source, level), tokenize(r.target, level)) for r in records]
+      tokens[split] = [(tokenize(r.source, "char"), tokenize(r.target, "char")) for r in records]
       groups[split] = [r.locale for r in records]
   source_vocab = Vocabulary.build(s for s, _ in tokens["train"])
   target_vocab = Vocabulary.build(t for _, t in tokens["train"])
@@ -153,7 +161,8 @@ def load_data(config) -> Data:
                       "tokens padded to the longest")
   splits = {s: encode_pairs(p, source_vocab, target_vocab, longest_source, longest_target)
             for s, p in tokens.items()}
-  return Data(splits, groups, source_vocab, target_vocab, level, skipped if d.corpus else 0)
+  return Data(splits, groups, source_vocab, target_vocab, level(config),
+              skipped if d.corpus else 0)
 
 
 def _check_corpus_splits(config, sizes: dict[str, int], skipped: int) -> None:
@@ -169,11 +178,38 @@ def _check_corpus_splits(config, sizes: dict[str, int], skipped: int) -> None:
                      "batch")
 
 
-def make_model(config, data: Data) -> Seq2Seq:
-  """config.model's Seq2Seq with the vocabularies' sizes and the longest source."""
-  return Seq2Seq(**config.model, source_vocab_size=data.source_vocab.size,
-                 target_vocab_size=data.target_vocab.size,
-                 max_source_length=data.splits["train"]["source"].shape[1])
+def run_files(data: Data) -> dict[str, str]:
+  """What a run writes into its workdir for `build_model`: the vocabularies and the longest
+  source and target of every split (tokens; the arrays are padded to them)."""
+  lengths = {"max_source_length": data.splits["train"]["source"].shape[1],
+             "max_target_length": data.splits["train"]["target_out"].shape[1] - 1}
+  return {SOURCE_VOCAB: data.source_vocab.to_json(), TARGET_VOCAB: data.target_vocab.to_json(),
+          LENGTHS: json.dumps(lengths) + "\n"}
+
+
+def build_model(config, read) -> Model:
+  """config.model's Seq2Seq with the run's vocabularies and longest source S (the files of
+  `run_files`: read(name)), initialised on one pair of the longest lengths.
+
+  extras: source_vocab and target_vocab (Vocabulary), level (tokenize's level),
+  max_source_length S and max_target_length T (tokens): the model takes sources of up to
+  S tokens, and decoding runs T + 1 steps (the target and EOS).
+  """
+  source_vocab = Vocabulary.from_json(read(SOURCE_VOCAB))
+  target_vocab = Vocabulary.from_json(read(TARGET_VOCAB))
+  lengths = json.loads(read(LENGTHS))
+  source_length, target_length = lengths["max_source_length"], lengths["max_target_length"]
+  model = Seq2Seq(**config.model, source_vocab_size=source_vocab.size,
+                  target_vocab_size=target_vocab.size, max_source_length=source_length)
+
+  def init(rng):
+    return model.init(rng, jnp.ones((1, source_length), jnp.int32),
+                      jnp.full((1,), source_length, jnp.int32),
+                      jnp.ones((1, target_length + 1), jnp.int32))["params"]
+
+  return Model(model, init, {"source_vocab": source_vocab, "target_vocab": target_vocab,
+                             "level": level(config), "max_source_length": source_length,
+                             "max_target_length": target_length})
 
 
 def target_mask(batch):
@@ -218,14 +254,10 @@ def build(config) -> Workload:
   if config.data.corpus:            # the corpus is accepted: say what was left out
     total = sum(len(split["source"]) for split in data.splits.values()) + data.skipped
     warn_skipped(config.data.corpus, data.skipped, total, data.level, config.data.max_length)
-  model = make_model(config, data)
-  max_len = data.splits["train"]["target_out"].shape[1]
-  example = jax.tree.map(lambda x: jnp.asarray(x[:1]), data.splits["train"])
+  files = run_files(data)
+  model, init, extras = build_model(config, files.__getitem__)
+  max_len = extras["max_target_length"] + 1          # decoding steps: the target and EOS
   reinforce = config.model.attention == "hard" and config.model.hard_training == "reinforce"
-
-  def init(rng):
-    return model.init(rng, example["source"], example["source_lengths"],
-                      example["target_in"])["params"]
 
   def loss(params, batch, rng):
     dropout_rng, attention_rng = jax.random.split(rng)
@@ -257,8 +289,6 @@ def build(config) -> Workload:
   def report(params) -> Report:
     return test_report(config, model, params, data, max_len)
 
-  files = {"source_vocab.json": data.source_vocab.to_json(),
-           "target_vocab.json": data.target_vocab.to_json()}
   return Workload(init=init,
               train_data=ShuffledStream(data.splits["train"], config.train.batch_size,
                                         config.seed),
@@ -319,4 +349,4 @@ def _heatmap_examples(groups: list[str], count: int) -> list[int]:
   return (chosen or list(range(len(groups))))[:count]
 
 
-register("nmt_dates", validate=validate, build=build)
+register("nmt_dates", validate=validate, build=build, build_model=build_model)

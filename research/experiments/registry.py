@@ -5,25 +5,27 @@
     train_and_evaluate(config, workdir, experiment)
 
 Your own experiment (in a notebook, say) plugs in the same way:
-`experiments.register("mine", validate=my_validate, build=my_build)`.
+`experiments.register("mine", validate=my_validate, build=my_build)`; with
+`build_model=my_build_model` its runs can be restored too (`research.training.restore`).
 """
 
 from collections.abc import Callable
 
 from research.errors import ConfigError
-from research.training.experiment import Experiment, Workload
+from research.training.experiment import Experiment, Model, Workload
 
 _REGISTRY: dict[str, Experiment] = {}
 
 
 def register(name: str, *, validate: Callable[..., None], build: Callable[..., Workload],
              build_shapes: Callable[..., Workload] | None = None,
-             generates_data: Callable[..., bool] | None = None) -> Experiment:
-  """Adds an experiment under `name` (the value of config.experiment) and returns it (build_shapes,
-  generates_data: see `research.training.experiment.Experiment`)."""
+             generates_data: Callable[..., bool] | None = None,
+             build_model: Callable[..., Model] | None = None) -> Experiment:
+  """Adds an experiment under `name` (the value of config.experiment) and returns it
+  (build_shapes, generates_data, build_model: see `research.training.experiment.Experiment`)."""
   if name in _REGISTRY:
     raise ValueError(f"an experiment named {name!r} is registered already")
-  _REGISTRY[name] = Experiment(name, validate, build, build_shapes, generates_data)
+  _REGISTRY[name] = Experiment(name, validate, build, build_shapes, generates_data, build_model)
   return _REGISTRY[name]
 
 

@@ -40,7 +40,7 @@ from research.experiments.stack_config import (
 from research.models.kinds import KINDS, RECURRENT
 from research.models.sequence_model import SequenceModel
 from research.training import validation
-from research.training.experiment import Workload
+from research.training.experiment import Model, Workload
 
 TASKS = ("copy", "reverse", "adding", "recall")
 ADDING_TOLERANCE = 0.04
@@ -138,14 +138,20 @@ def example_metrics(task: str, outputs: jax.Array, targets: jax.Array
   return metrics
 
 
+def build_model(config, read=None) -> Model:
+  """make_model(config), initialised on one generated example; no extras: the inputs are
+  the config's (see research/data/sequence_tasks.py), ints [B, sequence_length(config)],
+  or floats [B, T, 2] (value, marker) for adding."""
+  del read     # the run writes no file
+  model = make_model(config)
+  example = generator(config)(np.random.default_rng(0), 1)["inputs"]
+  return Model(model, lambda rng: model.init(rng, jnp.asarray(example))["params"])
+
+
 def build(config) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
-  generate, model, task = generator(config), make_model(config), config.data.task
-  example = generate(np.random.default_rng(0), 1)["inputs"]
+  generate, (model, init, _), task = generator(config), build_model(config), config.data.task
   eval_rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(1,)))
-
-  def init(rng):
-    return model.init(rng, jnp.asarray(example))["params"]
 
   def evaluate(params, batch, rng=None):
     """Metrics of a batch; with an rng in training mode (dropout drawn from it)."""
@@ -164,4 +170,4 @@ def build(config) -> Workload:
               loss=loss, evaluate=evaluate)
 
 
-register("sequence_tasks", validate=validate, build=build)
+register("sequence_tasks", validate=validate, build=build, build_model=build_model)

@@ -5,6 +5,10 @@ An `Experiment` (registered in research.experiments under the name that
 
   validate(config) -> None            raises ConfigError naming the key and the allowed values
   build(config) -> Workload           model, data and pure loss / evaluation functions
+  build_model(config, read) -> Model  optional: the model alone, without the data, from the
+                                      config and the files the run wrote (`read(name)`);
+                                      `build` makes its model with it, and
+                                      `research.training.run.restore` needs it
   build_shapes(config) -> Workload    optional: the same, with placeholder batches of the
                                       largest shape (for compiling when the data is slow)
   generates_data(config) -> bool  optional, with build_shapes: build(config) would generate
@@ -63,6 +67,17 @@ class Workload(NamedTuple):
   # file name -> content, written into the workdir at the start (e.g. vocabularies).
 
 
+class Model(NamedTuple):
+  """A run's model without its data (`Experiment.build_model`): what `build` trains and
+  `research.training.run.restore` reads a checkpoint into."""
+  module: Any
+  # the flax Module: module.apply({"params": params}, ...) as the experiment calls it.
+  init: Callable[[Array], Params]
+  # init(rng) -> params; their tree and shapes are what a checkpoint must hold.
+  extras: dict[str, Any] = {}
+  # what answering raw input needs beyond the config (vocabularies, training points).
+
+
 class Experiment(NamedTuple):
   """An experiment as the loop receives it: how to check a config and build its workload."""
   name: str                                        # the value of config.experiment
@@ -78,3 +93,8 @@ class Experiment(NamedTuple):
   # generates_data(config): True when build(config) would spend minutes making data (the
   # loop then compiles build_shapes(config)'s step first, refusing what cannot run before
   # the wait). None: never.
+  build_model: Callable[[Any, Callable[[str], str]], Model] | None = None
+  # build_model(config, read) -> Model for the config of a run, without reading or generating
+  # its data: read(name) is the text of a file the run wrote into its workdir (one of the
+  # Workload's `files`; `build` passes those it is about to write). None: its runs cannot be
+  # restored.
