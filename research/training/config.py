@@ -32,6 +32,13 @@ def base_config() -> ml_collections.ConfigDict:
   config.distributed.coordinator_address = ""   # HOST:PORT of process 0; "": cluster detection
   config.distributed.num_processes = 1
   config.distributed.process_id = 0
+
+  # Weights & Biases beside TensorBoard (the `wandb` extra); see research/training/wandb_writer.py.
+  config.wandb = ml_collections.ConfigDict()
+  config.wandb.mode = "off"           # "off", "online", or "offline" (files kept for `wandb sync`)
+  config.wandb.project = ""           # "": WANDB_PROJECT, else W&B's default project
+  config.wandb.entity = ""            # "": WANDB_ENTITY, else your default entity
+  config.wandb.name = ""              # "": the workdir's directory name
   return config
 
 

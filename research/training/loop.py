@@ -38,7 +38,7 @@ import numpy as np
 
 from research import files
 from research.errors import ConfigError, RunFailed, WorkdirError
-from research.training import parallel, plots, thread_failures
+from research.training import parallel, plots, thread_failures, wandb_writer
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints, saved_steps
 from research.training.compile import (
@@ -70,7 +70,8 @@ from research.training.validation import check_devices, check_shared
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints",
                   "distributed.coordinator_address", "distributed.num_processes",
-                  "distributed.process_id")
+                  "distributed.process_id", "wandb.mode", "wandb.project", "wandb.entity",
+                  "wandb.name")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CONFIG, FINAL_METRICS, LOSS_PLOT, CHECKPOINTS = ("config.json", "final_metrics.json", "loss.png",
                                                  "checkpoints")
@@ -124,18 +125,19 @@ def train(config, workdir: str, experiment: Experiment,
   Raises WorkdirError, ConfigError (a workdir of another config), InputError (a
   malformed data file), CheckpointMismatchError, Stopped, or a RunFailed.
   """
-  with workdirs.hold(workdir) as lease:
+  with workdirs.hold(workdir) as lease, wandb_writer.WandbRun(config.wandb, workdir) as wandb_run:
     workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT),
-                           directories=(CHECKPOINTS, TENSORBOARD))
+                           directories=(CHECKPOINTS, TENSORBOARD, wandb_writer.DIRECTORY))
     taking_over = check_config(config, workdir)
     if on_start is not None:
       lease.on_start(on_start)
     if taking_over and jax.process_index() == 0:
       lease.on_start(lambda: print(taking_over, file=sys.stderr, flush=True))
-    return _train(config, workdir, experiment, lease)
+    return _train(config, workdir, experiment, lease, wandb_run)
 
 
-def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease) -> dict:
+def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
+           wandb_run: wandb_writer.WandbRun) -> dict:
   train, started = config.train, time.perf_counter()
 
   # ---- Workload, optimizer, the steps compiled from shapes (refusals before anything runs) ---
@@ -192,7 +194,9 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease) 
     host_batch = next(workload.train_data)
     if jax.process_index() == 0:
       print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
-  writer = MetricsWriter(workdir, resume_step=start)
+  hyperparameters = _flatten(json.loads(config.to_json_best_effort()))
+  wandb_run.start(hyperparameters, resumed=restored is not None)
+  writer = MetricsWriter(workdir, resume_step=start, config=hyperparameters, wandb_run=wandb_run)
   state = strategy.put_state(state)
 
   def evaluate(state) -> dict:
@@ -262,6 +266,10 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease) 
   if jax.process_index() == 0:
     with _writing(workdir):
       files.write_json(os.path.join(workdir, FINAL_METRICS), final)
+  heatmaps = [f"{stem}.png" for stem in report.heatmaps] if workload.report is not None else []
+  wandb_run.images(train.num_steps, {os.path.splitext(name)[0]: os.path.join(workdir, name)
+                                     for name in (LOSS_PLOT, *heatmaps)})
+  wandb_run.summary(final)
   return final
 
 

@@ -16,6 +16,7 @@ from research.training.workdir import unused_path
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD = "tensorboard"          # the event files' directory
+CONFIG_TABLE = "config"              # the TensorBoard tag of the config's table
 
 
 class NonFiniteLossError(RunFailed, FloatingPointError):
@@ -31,15 +32,26 @@ class MetricsWriter:
   cuts them off the end of metrics.jsonl, whose earlier bytes stay as they were.
   TensorBoard is told to purge its events after `resume_step` likewise (from step 1 on
   for a run that starts from nothing: an earlier attempt's, which saved no checkpoint).
+
+  `config`, the flattened config ({"train.learning_rate": 0.001, ...}), is recorded in
+  TensorBoard as a table `config` (key, JSON value) at the first step this session trains,
+  resume_step + 1: purged with the steps after a checkpoint, so that each resume shows its
+  own (with the keys a resume may change) and a resume from the same checkpoint replaces it.
+  Each record also goes to `wandb_run` (a research.training.wandb_writer.WandbRun) where given.
   """
 
-  def __init__(self, workdir: str, resume_step: int = 0):
+  def __init__(self, workdir: str, resume_step: int = 0, config: dict | None = None,
+               wandb_run=None):
     self.path = os.path.join(workdir, METRICS_FILE)
     self.enabled = jax.process_index() == 0
     self.history = self._resume(resume_step)
     self.tensorboard = EventWriter(
         os.path.join(workdir, TENSORBOARD),
         purge_step=resume_step + 1) if self.enabled else None
+    if self.enabled and config:
+      self.tensorboard.table(resume_step + 1, CONFIG_TABLE,
+                             [[key, json.dumps(value)] for key, value in config.items()])
+    self.wandb_run = wandb_run
 
   def _resume(self, step: int) -> list[dict]:
     """The records up to `step`; later ones (and a torn last line) move to their own file."""
@@ -64,14 +76,17 @@ class MetricsWriter:
     return history
 
   def write(self, step: int, metrics: dict) -> None:
-    record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+    values = {name: float(value) for name, value in metrics.items()}
+    record = {"step": step, **values}
     self.history.append(record)
     if not self.enabled:
       return
     with _naming(self.path), open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     with _naming(self.tensorboard.path):
-      self.tensorboard.scalars(step, {name: float(value) for name, value in metrics.items()})
+      self.tensorboard.scalars(step, values)
+    if self.wandb_run is not None:
+      self.wandb_run.scalars(step, values)
 
   def close(self) -> None:
     if self.tensorboard is not None:

@@ -2,7 +2,10 @@
 
 import json
 
-from research.training.metrics import METRICS_FILE, MetricsWriter
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+from tensorboard.util.tensor_util import make_ndarray
+
+from research.training.metrics import METRICS_FILE, TENSORBOARD, MetricsWriter
 
 
 def _write_history(path, steps, torn_tail=b""):
@@ -33,3 +36,18 @@ def test_writes_append_after_a_resume(tmp_path):
   writer.close()
   steps = [json.loads(line)["step"] for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
   assert steps == [10, 20, 30] and [r["step"] for r in writer.history] == [10, 20, 30]
+
+
+def test_the_config_table_is_the_first_step_of_each_session_and_purged_with_it(tmp_path):
+  """A resume shows its own config (here a longer num_steps) from the step after its
+  checkpoint; resuming from the same checkpoint again replaces it (read as TensorBoard's
+  server reads tensors)."""
+  for resume_step, num_steps in ((0, 40), (20, 80), (20, 60)):
+    MetricsWriter(str(tmp_path), resume_step,
+                  config={"train.num_steps": num_steps, "experiment": "listops"}).close()
+  accumulator = EventAccumulator(str(tmp_path / TENSORBOARD))
+  accumulator.Reload()
+  tables = [(e.step, make_ndarray(e.tensor_proto).tolist()) for e in accumulator.Tensors("config")]
+  assert tables == [
+      (1, [[b"train.num_steps", b"40"], [b"experiment", b'"listops"']]),
+      (21, [[b"train.num_steps", b"60"], [b"experiment", b'"listops"']])]

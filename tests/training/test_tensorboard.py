@@ -2,6 +2,7 @@
 
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util.tensor_util import make_ndarray
 
 from research.training.tensorboard import EventWriter
 
@@ -40,3 +41,15 @@ def test_a_resumed_run_purges_the_steps_after_its_checkpoint(tmp_path):
     resumed.scalars(step, {"train/loss": step})
   resumed.close()
   assert _scalars(tmp_path) == {"train/loss": [(10, 1.0), (20, 2.0), (30, 30.0), (40, 40.0)]}
+
+
+def test_a_table_reads_back_as_the_text_plugins_string_tensor(tmp_path):
+  EventWriter(str(tmp_path)).table(1, "config", [["train.learning_rate", "0.001"],
+                                                 ["experiment", '"nmt_dates"']])
+  accumulator = EventAccumulator(str(tmp_path))
+  accumulator.Reload()
+  assert accumulator.Tags()["tensors"] == ["config"]
+  (event,) = accumulator.Tensors("config")
+  assert accumulator.SummaryMetadata("config").plugin_data.plugin_name == "text"
+  assert event.step == 1 and make_ndarray(event.tensor_proto).tolist() == [
+      [b"train.learning_rate", b"0.001"], [b"experiment", b'"nmt_dates"']]
