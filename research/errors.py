@@ -16,7 +16,8 @@ class ConfigError(UserError, ValueError):
 
 
 class InputError(UserError, ValueError):
-  """A data file the user supplied is malformed: the message names the file and line."""
+  """Input the user supplied is malformed: a data file (the message names the file and line) or
+  raw input handed to a restored run (research/predict: it names the offending part)."""
 
 
 class WorkdirError(UserError):

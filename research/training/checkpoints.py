@@ -14,6 +14,7 @@ What is never lost:
 """
 
 import os
+import pathlib
 import shutil
 from typing import Any, NamedTuple
 
@@ -21,7 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from research.errors import CheckpointMismatchError, RunFailed
+from research.errors import CheckpointMismatchError, RunFailed, WorkdirError
 from research.training import distributed
 from research.training.workdir import unused_path
 
@@ -155,6 +156,37 @@ def saved_steps(directory: str) -> list[int]:
     return []
   return sorted(int(name) for name in names if name.isascii() and name.isdigit()
                 and os.path.isdir(os.path.join(directory, name)))
+
+
+def read_params(directory: str, step: int, like_params):
+  """The parameters alone of the checkpoint of `step` in `directory`, read without writing
+  anything (nothing set aside: a live run's checkpoints too), placed as like_params'
+  ShapeDtypeStructs say: their shardings, not those of the devices that wrote them.
+
+  Raises CheckpointMismatchError naming the first parameter whose path or shape differs
+  from like_params', WorkdirError for a checkpoint that cannot be read.
+  """
+  path = pathlib.Path(directory, str(step), "state")
+  like = {"params": like_params}
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    metadata, error = _attempt(handler.metadata, path)
+    if metadata is not None:
+      saved = _shapes(getattr(metadata, "tree", metadata))
+      difference = first_difference({p: s for p, s in saved.items() if p.startswith("params/")},
+                                    _shapes(like))
+      if difference:
+        raise CheckpointMismatchError(
+            f"the checkpoint at step {step} in {directory} does not match the model: "
+            f"{difference}; read it with the code and config that wrote it")
+      restored, error = _attempt(handler.restore, path, args=ocp.args.PyTreeRestore(
+          like, ocp.checkpoint_utils.construct_restore_args(like), partial_restore=True))
+  finally:
+    handler.close()
+  if error is not None:
+    raise WorkdirError(f"the checkpoint at step {step} in {directory} cannot be read "
+                       f"({_first_line(error)})") from error
+  return restored["params"]
 
 
 def _attempt(read, *args, **kwargs):

@@ -38,7 +38,7 @@ import numpy as np
 
 from research import files
 from research.errors import ConfigError, RunFailed, WorkdirError
-from research.training import parallel, plots, thread_failures, wandb_writer
+from research.training import parallel, plots, provenance, thread_failures, wandb_writer
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints, saved_steps
 from research.training.compile import (
@@ -194,16 +194,15 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
     host_batch = next(workload.train_data)
     if jax.process_index() == 0:
       print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
+  with _writing(workdir):
+    provenance.record(workdir, start)      # the code, versions, devices and command of this start
   hyperparameters = _flatten(json.loads(config.to_json_best_effort()))
   wandb_run.start(hyperparameters, resumed=restored is not None)
   writer = MetricsWriter(workdir, resume_step=start, config=hyperparameters, wandb_run=wandb_run)
   state = strategy.put_state(state)
 
   def evaluate(state) -> dict:
-    sums = [eval_step.compile(b)(state.params, strategy.put_batch(b)) for b in workload.eval_data]
-    sums = jax.device_get([strategy.host_metrics(s) for s in sums])
-    return {f"eval/{name}": float(sum(s[name][0] for s in sums) / sum(s[name][1] for s in sums))
-            for name in sums[0]}
+    return evaluate_batches(eval_step, strategy, state.params, workload.eval_data)
 
   # ---- Loop -----------------------------------------------------------------------------
   progress, rates, pending = Progress(train.num_steps, start), [], []
@@ -271,6 +270,16 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
                                      for name in (LOSS_PLOT, *heatmaps)})
   wandb_run.summary(final)
   return final
+
+
+def evaluate_batches(eval_step: CompiledPerShape, strategy, params, batches: list) -> dict:
+  """{"eval/<name>": Σ weight·numerator / Σ weight·denominator over the batches}: the
+  evaluation metrics.jsonl records, of params placed by the strategy (put_state), with
+  eval_step compiled per batch shape for it."""
+  sums = [eval_step.compile(b)(params, strategy.put_batch(b)) for b in batches]
+  sums = jax.device_get([strategy.host_metrics(s) for s in sums])
+  return {f"eval/{name}": float(sum(s[name][0] for s in sums) / sum(s[name][1] for s in sums))
+          for name in sums[0]}
 
 
 @contextlib.contextmanager

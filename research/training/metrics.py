@@ -102,6 +102,17 @@ def _naming(path: str):
     raise OSError(error.errno, error.strerror, path) from error
 
 
+def read_history(workdir: str) -> list[dict]:
+  """The complete records of the workdir's metrics.jsonl in order ([] where there is none),
+  read without writing: a live run's too, the line it is writing left out."""
+  try:
+    with open(os.path.join(workdir, METRICS_FILE), "rb") as f:
+      lines = f.readlines()
+  except FileNotFoundError:
+    return []
+  return [record for record in map(_parse, lines) if record is not None]
+
+
 def _parse(line: bytes) -> dict | None:
   """A complete metrics.jsonl record ({"step": int, ...}), or None for a torn
   (half-written) line or anything else."""

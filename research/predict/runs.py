@@ -1,0 +1,11 @@
+"""What every predictor checks of the run it is handed."""
+
+from research.errors import InputError
+
+
+def check_experiment(run, experiment: str, function: str) -> None:
+  """InputError unless `run` (a research.training.Run) is a run of `experiment`:
+  `function` answers that experiment's runs only."""
+  if run.config.experiment != experiment:
+    raise InputError(f"{function} answers {experiment} runs; the run in {run.workdir} is a "
+                     f"{run.config.experiment} run")

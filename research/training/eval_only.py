@@ -1,0 +1,62 @@
+"""A run's checkpoint evaluated again: `python launch.py --workdir DIR --eval_only [--step N]`.
+
+`evaluate_checkpoint(workdir, step=None)` restores the run (research.training.run.restore:
+its own config.json, the checkpoint of `step`, the latest by default), builds its workload as
+the run did (reading or generating its data), and computes
+
+  eval/*   the periodic evaluation on the validation split, with the loop's compiled
+           evaluation step (what metrics.jsonl records at an evaluation step)
+  test/*   the metrics of the experiment's final report (the test split; its figures and
+           texts are not written), for the experiments that have one
+
+which it writes, with the step, to eval_step_<step>.json in the workdir. Nothing else is
+written: not the checkpoints, metrics.jsonl, final_metrics.json, the report's files or the
+run's lock, whose owner stays a live run's (its workdir evaluates too, at its latest
+complete checkpoint). It runs in one process on the devices at hand, which
+config.train.batch_size must divide as for training. Everything refused (what restore
+refuses, a config today's checks or the devices refuse, the data's errors) is refused
+before the file is written.
+"""
+
+import os
+
+import jax
+
+from research import files
+from research.training import parallel
+from research.training.compile import CompiledPerShape, compile_checked, memory_bytes
+from research.training.config import base_config
+from research.training.loop import evaluate_batches, validate
+from research.training.run import restore
+from research.training.train_step import make_eval_step
+
+FILE = "eval_step_{step}.json"
+
+
+def evaluate_checkpoint(workdir: str, step: int | None = None) -> tuple[str, dict]:
+  """(the path written, {"step": step, "eval/…": …, "test/…": …}) for the run in workdir at
+  the checkpoint of `step` (None: the latest)."""
+  run = restore(workdir, step)
+  config = base_config()             # today's shared keys, which a run of an earlier version
+  config.update(run.config)          # may lack (given their defaults)
+  config.distributed = base_config().distributed          # one process, whatever trained it
+  validate(config, run.experiment)
+  workload = run.experiment.build(config)
+  strategy = parallel.make_strategy(config.train.parallelism)
+  device = jax.local_devices()[0]
+  shapes = strategy.abstract_state(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                                run.params))
+  eval_fn = make_eval_step(workload, strategy.axis_name)
+  eval_step = CompiledPerShape(lambda b: compile_checked(
+      "eval", lambda: strategy.compile_eval(eval_fn, shapes, strategy.abstract_batch(b)),
+      limit=memory_bytes(device), where=f"a {device.platform} device ({device.device_kind})",
+      batch_size=config.train.batch_size))
+  metrics = {"step": run.step, **evaluate_batches(eval_step, strategy,
+                                                  strategy.put_state(run.params),
+                                                  workload.eval_data)}
+  if workload.report is not None:
+    metrics |= workload.report(jax.device_get(run.params)).metrics
+  path = os.path.join(workdir, FILE.format(step=run.step))
+  if jax.process_index() == 0:
+    files.write_json(path, metrics)
+  return path, metrics

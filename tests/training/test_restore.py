@@ -1,0 +1,362 @@
+"""research.training.restore, --eval_only's evaluate_checkpoint and provenance.jsonl, on runs
+trained here: a kernel_regression run (2 steps, resumed to 4: two starts) whose loop hands
+its final parameters to the test through its report; an nmt_dates workdir in bfloat16 as the
+loop writes one (config.json, the vocabularies and lengths, an Orbax checkpoint); a run on 8
+devices restored on 1, and this 1-device run on 8 (one subprocess)."""
+
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tiny
+
+from research import experiments
+from research.errors import CheckpointMismatchError, ConfigError, WorkdirError
+from research.experiments import registry
+from research.training import ProvenanceWarning, provenance, restore, train_and_evaluate
+from research.training import workdir as workdirs
+from research.training.checkpoints import Checkpoints
+from research.training.eval_only import evaluate_checkpoint
+from research.training.experiment import Report
+from research.training.train_step import init_state, make_optimizer
+from research.training.validation import apply_overrides
+
+sys.path.insert(0, os.path.join(tiny.ROOT, "experiments"))
+import kernel_regression  # noqa: E402
+import nmt_dates  # noqa: E402
+
+KERNEL_REGRESSION = {"train.num_steps": 4, "train.log_every": 2, "train.eval_every": 2,
+                     "train.checkpoint_every": 2}
+
+
+def _capturing(experiment, captured: list):
+  """The experiment whose workloads hand the parameters the loop ends with (those its report
+  gets) to `captured`, then report as the experiment does."""
+  def build(config):
+    workload = experiment.build(config)
+
+    def report(params):
+      captured.append(params)
+      return workload.report(params) if workload.report is not None else Report({})
+
+    return workload._replace(report=report)
+
+  return experiment._replace(build=build)
+
+
+def _leaves(tree) -> dict:
+  """{'["a"]["b"]': array} of a pytree, on the host."""
+  return {jax.tree_util.keystr(path): np.asarray(leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _assert_bitwise_equal(tree, reference):
+  tree, reference = _leaves(tree), _leaves(reference)
+  assert tree.keys() == reference.keys()
+  for key, value in reference.items():
+    assert tree[key].dtype == value.dtype and np.array_equal(tree[key], value), key
+
+
+def _predictions(run, params=None):
+  """kernel_regression's estimates on its test grid from its training points [kernels, m]."""
+  x_train, y_train = run.extras["x_train"][:, None], run.extras["y_train"][:, None]
+  outputs = run.model.apply({"params": run.params if params is None else params},
+                            run.extras["x_test"][:, None], x_train, y_train)
+  return np.stack([np.asarray(outputs[k]) for k in sorted(outputs)])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """(workdir, final metrics, the parameters the loop ended with) of a kernel_regression run
+  of 2 steps resumed to 4 (checkpoints at 2 and 4)."""
+  workdir = str(tmp_path_factory.mktemp("restore") / "run")
+  captured = []
+  experiment = _capturing(experiments.get("kernel_regression"), captured)
+  config = apply_overrides(kernel_regression.get_config(), KERNEL_REGRESSION)
+  train_and_evaluate(apply_overrides(config, {"train.num_steps": 2}), workdir, experiment)
+  final = train_and_evaluate(config, workdir, experiment)
+  return workdir, final, captured[-1]
+
+
+@pytest.mark.slow
+def test_restore_gives_the_parameters_and_predictions_the_run_ended_with(trained):
+  workdir, _, final_params = trained
+  run = restore(workdir)
+  _assert_bitwise_equal(run.params, final_params)
+  assert np.array_equal(_predictions(run), _predictions(run, final_params))
+  assert (run.step, run.steps, run.workdir) == (4, (2, 4), workdir)
+  assert run.experiment is experiments.get("kernel_regression")
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert run.config.to_dict() == json.load(f)
+  assert run.history == tiny.records(workdir)
+  assert {d for leaf in jax.tree.leaves(run.params) for d in leaf.sharding.device_set} == set(
+      jax.devices())
+  np.testing.assert_allclose(              # one point, not the grid: its sums in another order
+      run.apply(run.extras["x_test"][:1, None], run.extras["x_train"][:, None],
+                run.extras["y_train"][:, None])["box"],
+      _predictions(run)[0][:1], rtol=1e-6)                         # "box" sorts first
+  earlier = restore(workdir, step=2)
+  assert earlier.step == 2 and not np.array_equal(_predictions(earlier), _predictions(run))
+
+
+@pytest.mark.slow
+def test_restore_writes_nothing_and_leaves_a_live_runs_lock_alone(trained):
+  workdir = trained[0]
+  with workdirs.hold(workdir):                 # as a live run holds it (this process's pid)
+    before = tiny.files_under(workdir)
+    restore(workdir)
+    assert tiny.files_under(workdir) == before
+
+
+@pytest.mark.slow
+def test_eval_only_reproduces_the_runs_evaluations_and_report_into_a_file_of_its_own(trained):
+  workdir, final, _ = trained
+  before = tiny.files_under(workdir)
+  path, metrics = evaluate_checkpoint(workdir)
+  assert path == os.path.join(workdir, "eval_step_4.json")
+  after = tiny.files_under(workdir)
+  assert after.pop("eval_step_4.json") and after == before
+  with open(path) as f:
+    assert json.load(f) == metrics
+  expected = {k: v for k, v in final.items() if k.startswith(("eval/", "test/"))}
+  assert metrics == pytest.approx({"step": 4, **expected}, rel=1e-6, abs=1e-7)
+  _, at_step_2 = evaluate_checkpoint(workdir, step=2)
+  (record,) = [r for r in tiny.records(workdir) if r["step"] == 2 and "eval/loss" in r]
+  assert {k: v for k, v in at_step_2.items() if not k.startswith("test/")} == pytest.approx(
+      record, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_provenance_records_each_start_of_the_run(trained):
+  workdir = trained[0]
+  records = restore(workdir).provenance
+  assert records == provenance.read(workdir)
+  assert [r["step"] for r in records] == [0, 2]                # the start, then the resume
+  packages = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint")
+  git = lambda *args: subprocess.run(["git", "-C", tiny.ROOT, *args], capture_output=True,
+                                     text=True)
+  head = git("rev-parse", "HEAD")
+  for record in records:
+    assert record["argv"] == sys.argv
+    assert record["versions"] == {"python": platform.python_version(),
+                                  **{p: importlib.metadata.version(p) for p in packages},
+                                  "research": importlib.metadata.version(
+                                      "jax-attention-recurrence")}
+    assert record["devices"] == {"platform": jax.devices()[0].platform,
+                                 "kind": jax.devices()[0].device_kind,
+                                 "count": jax.device_count(), "processes": 1}
+    if head.returncode == 0:
+      assert record["git"]["commit"] == head.stdout.strip()
+      assert isinstance(record["git"]["changes"], bool)
+
+
+def test_without_git_or_a_checkout_the_record_says_so(tmp_path, monkeypatch):
+  assert provenance.git_state(str(tmp_path)) == {"commit": None, "reason": "not a git checkout"}
+  monkeypatch.setenv("PATH", str(tmp_path))
+  assert provenance.git_state(tiny.ROOT) == {"commit": None, "reason": "git is not installed"}
+
+
+@pytest.mark.slow
+def test_restore_warns_in_one_line_when_versions_or_devices_differ(trained, tmp_path):
+  workdir = str(tmp_path / "copy")
+  shutil.copytree(trained[0], workdir)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", ProvenanceWarning)
+    restore(workdir)                                            # the same: no warning
+  records = provenance.read(workdir)
+  records[-1]["versions"]["jax"] = "0.4.30"
+  records[-1]["devices"]["count"] = 8
+  with open(os.path.join(workdir, "provenance.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  with pytest.warns(ProvenanceWarning) as warned:
+    restore(workdir)
+  (message,) = [str(w.message) for w in warned]
+  kind = jax.devices()[0].device_kind
+  assert "\n" not in message
+  assert (f"(jax 0.4.30 then, {jax.__version__} now; devices 8 × {kind} then, "
+          f"{jax.device_count()} × {kind} now)") in message
+
+
+@pytest.mark.slow
+def test_restore_refuses_what_does_not_fit_today_and_writes_nothing(trained, tmp_path):
+  workdir = str(tmp_path / "copy")
+  shutil.copytree(trained[0], workdir)
+  config_path = os.path.join(workdir, "config.json")
+  with open(config_path) as f:
+    config = json.load(f)
+
+  def refused(error, step=None):
+    before = tiny.files_under(str(tmp_path))
+    with pytest.raises(error) as raised:
+      restore(workdir, step)
+    assert tiny.files_under(str(tmp_path)) == before
+    return str(raised.value)
+
+  assert refused(WorkdirError, 3) == (f"workdir {workdir} has no checkpoint of step 3; its "
+                                      "checkpoints: steps 2, 4")
+  tiny.write_json(config_path, {**config, "model": {**config["model"], "kernels": "gaussian,box"}})
+  assert refused(CheckpointMismatchError) == (
+      f"the checkpoint at step 4 in {workdir}/checkpoints does not match the model: "
+      "params/triangle/log_bandwidth () is in the checkpoint but not in the model; read it "
+      "with the code and config that wrote it")
+  tiny.write_json(config_path, {**config, "model": {**config["model"], "dropout": 0.1}})
+  assert refused(ConfigError).startswith(
+      f"workdir {workdir} was written with config.model.dropout, now called "
+      "config.model.dropout_rate: this version cannot restore it")
+
+
+@pytest.mark.parametrize("case", ["missing", "a file", "no config.json", "a sweep",
+                                  "no checkpoint", "cut config.json", "unregistered",
+                                  "without build_model"])
+def test_restore_refuses_a_workdir_without_a_run_to_restore_and_writes_nothing(
+    case, tmp_path, monkeypatch):
+  workdir = str(tmp_path / "run")
+  config = tiny.config().to_dict()
+  message = {"missing": f"workdir {workdir} does not exist",
+             "a file": f"workdir {workdir} is a file, not a run's workdir",
+             "no config.json": f"workdir {workdir} holds no run (no config.json)",
+             "a sweep": f"workdir {workdir} holds a sweep (sweep.json), not a single run: "
+                        f"restore one of its points, e.g. {workdir}/model.kind=gru",
+             "no checkpoint": f"workdir {workdir} holds no checkpoint: its run saved none yet",
+             "cut config.json": f"workdir {workdir} cannot be restored: {workdir}/config.json "
+                                "is cut short or not JSON",
+             "unregistered": f"workdir {workdir} holds a run of the experiment 'mine', which "
+                             "is not registered here (registered: char_lm, kernel_regression, "
+                             "listops, nmt_dates, sequence_tasks): register it first",
+             "without build_model": f"workdir {workdir} holds a run of the experiment 'mine', "
+                                    "registered without build_model: register it with one to "
+                                    "restore its runs"}[case]
+  if case == "a file":
+    (tmp_path / "run").write_text("x")
+  elif case == "no config.json":
+    os.makedirs(os.path.join(workdir, "checkpoints", "20"))
+  elif case == "a sweep":
+    tiny.write_json(f"{workdir}/sweep.json", {"config": config, "points": ["model.kind=gru"]})
+    tiny.write_json(f"{workdir}/model.kind=gru/config.json", config)
+  elif case == "cut config.json":
+    os.makedirs(workdir)
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config)[:40])
+  elif case != "missing":
+    if case in ("unregistered", "without build_model"):
+      config["experiment"] = "mine"
+    if case == "without build_model":
+      monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+      experiments.register("mine", validate=lambda config: None, build=lambda config: None)
+    tiny.write_json(f"{workdir}/config.json", config)
+  before = tiny.files_under(str(tmp_path))
+  with pytest.raises((WorkdirError, ConfigError)) as refused:
+    restore(workdir)
+  assert str(refused.value).startswith(message), refused.value
+  assert tiny.files_under(str(tmp_path)) == before
+
+
+@pytest.fixture(scope="module")
+def nmt_workdir(tmp_path_factory):
+  """(workdir, config, workload, the parameters saved at step 7) of an nmt_dates run in
+  bfloat16, its workdir as the loop writes one: config.json, the run's files, a checkpoint
+  of its train state (here the initial one)."""
+  workdir = str(tmp_path_factory.mktemp("nmt") / "run")
+  config = apply_overrides(nmt_dates.get_config(), {
+      "data.train_examples": 32, "data.eval_examples": 16, "data.test_examples": 16,
+      "model.embed_size": 8, "model.hidden_size": 16, "train.batch_size": 16,
+      "model.dtype": "bfloat16"})
+  workload = experiments.get("nmt_dates").build(config)
+  tiny.write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
+  for name, text in workload.files.items():
+    with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
+      f.write(text)
+  state = init_state(workload, make_optimizer(config.train), jax.random.key(1))
+  checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), keep=3, is_async=False)
+  checkpoints.save(7, state, {"step": 7})
+  checkpoints.close()
+  return workdir, config, workload, state.params
+
+
+@pytest.mark.slow
+def test_an_nmt_dates_run_in_bfloat16_restores_from_its_files_with_its_vocabularies(
+    nmt_workdir, tmp_path):
+  workdir, config, workload, params = nmt_workdir
+  run = restore(workdir)
+  _assert_bitwise_equal(run.params, params)
+  assert {leaf.dtype for leaf in jax.tree.leaves(run.params)} == {jnp.dtype(jnp.float32)}
+  batch = workload.eval_data[0]
+  inputs = (batch["source"], batch["source_lengths"], batch["target_in"])
+  logits, weights = run.apply(*inputs)
+  reference = run.model.apply({"params": params}, *inputs)
+  assert np.array_equal(logits, reference[0]) and np.array_equal(weights, reference[1])
+  for name in ("source_vocab", "target_vocab"):
+    with open(os.path.join(workdir, f"{name}.json"), encoding="utf-8") as f:
+      assert run.extras[name].tokens == json.load(f)["tokens"]
+  assert run.extras["max_source_length"] == batch["source"].shape[1]     # padded to the longest
+  assert run.extras["max_target_length"] + 1 == batch["target_out"].shape[1]
+  assert run.extras["level"] == "char" and run.model.dtype == "bfloat16"
+
+  copy = str(tmp_path / "copy")
+  shutil.copytree(workdir, copy)
+  os.remove(os.path.join(copy, "lengths.json"))
+  with pytest.raises(WorkdirError, match=f"^workdir {copy} has no lengths.json, which its "
+                                         "nmt_dates model is built from"):
+    restore(copy)
+  tiny.write_json(os.path.join(copy, "config.json"), json.loads(
+      apply_overrides(config, {"model.embed_size": 4}).to_json_best_effort()))
+  shutil.copy(os.path.join(workdir, "lengths.json"), copy)
+  with pytest.raises(CheckpointMismatchError) as refused:
+    restore(copy)
+  assert str(refused.value) == (
+      f"the checkpoint at step 7 in {copy}/checkpoints does not match the model: "
+      f"params/decoder/embed/embedding has shape ({run.extras['target_vocab'].size}, 8) in the "
+      f"checkpoint and ({run.extras['target_vocab'].size}, 4) in the model; read it with the "
+      "code and config that wrote it")
+
+
+EIGHT_DEVICES = """
+import json, os, sys
+import jax, numpy as np
+sys.path.insert(0, {tests!r})
+import test_restore, tiny
+from research import experiments
+from research.training import restore, train_and_evaluate
+
+captured = []
+train_and_evaluate(tiny.config(), {workdir!r},
+                   test_restore._capturing(experiments.get("sequence_tasks"), captured))
+np.savez({out!r} + "/captured.npz", **test_restore._leaves(captured[-1]))
+run = restore({one_device!r})          # kernel_regression's, trained on 1 device
+assert all(len(leaf.sharding.device_set) == 8 for leaf in jax.tree.leaves(run.params))
+np.savez({out!r} + "/kernel_regression.npz", predictions=test_restore._predictions(run),
+         **test_restore._leaves(run.params))
+"""
+
+
+@pytest.mark.slow
+def test_a_run_on_8_devices_restores_on_1_and_a_run_on_1_on_8(trained, tmp_path):
+  """One subprocess with 8 CPU devices trains the tiny sequence_tasks run (jit over a mesh of
+  8) and restores the kernel_regression run of 1 device; this process (1 device) restores the
+  8-device run."""
+  assert jax.device_count() == 1
+  workdir, out = str(tmp_path / "eight"), str(tmp_path)
+  code = EIGHT_DEVICES.format(tests=os.path.dirname(__file__), workdir=workdir, out=out,
+                              one_device=trained[0])
+  done = subprocess.run([sys.executable, "-c", code], env=tiny.environment(devices=8),
+                        capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "devices 1 × cpu then, 8 × cpu now" in done.stderr     # the warning, there
+  with pytest.warns(ProvenanceWarning, match="devices 8 × cpu then, 1 × cpu now"):
+    run = restore(workdir)
+  assert _leaves(run.params).keys() == np.load(f"{out}/captured.npz").keys()
+  for key, value in np.load(f"{out}/captured.npz").items():
+    assert np.array_equal(_leaves(run.params)[key], value), key
+  on_eight = np.load(f"{out}/kernel_regression.npz")
+  one = restore(trained[0])
+  for key, value in _leaves(one.params).items():
+    assert np.array_equal(on_eight[key], value), key
+  assert np.array_equal(on_eight["predictions"], _predictions(one))
