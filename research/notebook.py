@@ -18,6 +18,7 @@ import importlib.metadata
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -64,8 +65,8 @@ def setup(root: str, experiment: str, runs: str | None = None,
 
 def train(config, workdir: str) -> dict:
   """The final metrics of `config` trained into workdir: read back from its
-  final_metrics.json when the run has finished, else trained (validated first). The
-  progress lines stay out of the notebook: the run's metrics.jsonl holds them."""
+  final_metrics.json when the run has finished, else trained (validated first), its
+  progress shown as one bar with the ETA (`ProgressBar`)."""
   done = os.path.join(workdir, "final_metrics.json")
   if os.path.exists(done):
     with open(done) as f:
@@ -73,17 +74,65 @@ def train(config, workdir: str) -> dict:
   # Imported here, not at the top: install() runs before the dependencies are installed.
   from research import experiments
   from research.training import train_and_evaluate
-  with contextlib.redirect_stderr(io.StringIO()):
+  with contextlib.redirect_stderr(ProgressBar(os.path.basename(workdir))):
     return train_and_evaluate(config, workdir, experiments.get(config.experiment))
 
 
 def sweep(config, points: list[dict], workdir: str) -> list[dict]:
-  """`run_sweep` (finished points read back) with its progress lines kept out of the
-  notebook: one row per point, its overrides and final metrics."""
+  """`run_sweep` (finished points read back), its progress shown as one bar per point
+  trained: one row per point, its overrides and final metrics."""
   from research import experiments
   from research.training import run_sweep
-  with contextlib.redirect_stderr(io.StringIO()):
+  with contextlib.redirect_stderr(ProgressBar(os.path.basename(workdir))):
     return run_sweep(config, points, workdir, experiments.get(config.experiment))
+
+
+class ProgressBar(io.TextIOBase):
+  """A stderr for training in a notebook: the loop's progress lines ("step 120/500  loss
+  0.42  12.3 steps/s  ETA 0m31s") drawn as one line updated in place,
+
+      nmt_dates  run 1  [########------------]  120/500  loss 0.42  12.3 steps/s  ETA 0m31s
+
+  (a new "run k" when the steps start again: a sweep's next point); every other line
+  (resuming, taking over a workdir) is kept out, as the run's metrics.jsonl holds the
+  records. In IPython one display is updated; elsewhere a carriage return rewrites it."""
+
+  WIDTH = 20
+  PATTERN = re.compile(r"step (\d+)/(\d+)  (.*)")
+
+  def __init__(self, label: str):
+    self.label, self.run, self.last_step, self.pending, self.handle = label, 0, None, "", None
+
+  def writable(self) -> bool:
+    return True
+
+  def write(self, text: str) -> int:
+    self.pending += text
+    *lines, self.pending = re.split(r"[\r\n]", self.pending)
+    for line in lines:
+      match = self.PATTERN.match(line.strip())
+      if match:
+        self._draw(int(match[1]), int(match[2]), match[3])
+    return len(text)
+
+  def _draw(self, step: int, num_steps: int, rest: str) -> None:
+    if self.last_step is None or step < self.last_step:
+      self.run, self.handle = self.run + 1, None
+    self.last_step = step
+    done = round(self.WIDTH * step / max(num_steps, 1))
+    line = (f"{self.label}  run {self.run}  [{'#' * done}{'-' * (self.WIDTH - done)}]  "
+            f"{step}/{num_steps}  {rest}")
+    try:
+      from IPython import get_ipython
+      from IPython.display import display
+    except ImportError:
+      get_ipython = lambda: None
+    if get_ipython() is None:
+      print("\r" + line, end="\n" if step >= num_steps else "", file=sys.__stdout__, flush=True)
+    elif self.handle is None:
+      self.handle = display({"text/plain": line}, raw=True, display_id=True)
+    else:
+      self.handle.update({"text/plain": line}, raw=True)
 
 
 def _installed_version(distribution: str) -> str | None:
