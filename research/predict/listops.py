@@ -1,0 +1,149 @@
+"""listops: a restored run classifies ListOps expressions, with each layer's attention.
+
+  run = training.restore("runs/listops_cpu")
+  result = predict.classify(run, ["( ( ( [MAX 2 ) 9 ) ] )", "[SM 4 [MIN 7 3 ] 8 ]"])
+  result.labels                # [2]: each expression's predicted value, 0–9
+  result.attention[0][1]       # layer 0, the second expression: [heads, P, P]
+
+An expression is read as the run's data pipeline reads a TSV source
+(research/experiments/listops.py: `listops.tokenize` with config.data.brackets, the ids of
+`token_ids`): LRA's text with its parentheses ("( ( ( [MAX 2 ) 9 ) ] )") or the bracketed
+tree alone ("[MAX 2 9 ]"); LRA's tokens (brackets=False) also read "MAX 2 9". A batch is
+padded to its longest expression rounded up to a multiple of 64 (at most
+config.data.max_length), as the experiment's length buckets are: one compiled function per
+batch size and padded length P.
+
+Refused, before anything compiles (research.errors.InputError, one line naming the
+expression by its index): no expressions, or a string given instead of a list of them; an
+expression without a token; a character outside ListOps' text (letters, digits, spaces,
+"(", ")", "[", "]": LRA's tokenizer would drop it unread); a token outside the run's
+vocabulary (named, with its position); more tokens than config.data.max_length.
+"""
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from research.attention import registry
+from research.data import listops
+from research.errors import InputError, excerpt
+from research.experiments.listops import BUCKET_MULTIPLE
+from research.predict.runs import check_experiment
+from research.predict.static import ByIdentity
+
+Array = jax.Array
+# What LRA's ListOps text is made of; LRA's tokenizer (brackets=False) drops anything else.
+FOREIGN_CHARACTER = re.compile(r"[^A-Za-z0-9()\[\]\s]")
+
+
+class Encoded(NamedTuple):
+  """Expressions as the model reads them."""
+  ids: np.ndarray              # [B, P] int32 token ids (0 pads), P the padded length
+  lengths: np.ndarray          # [B] int32 tokens of each expression
+  tokens: list[list[str]]      # each expression's tokens (listops.tokenize)
+
+
+class Classifications(NamedTuple):
+  """What a run answers for B expressions."""
+  labels: np.ndarray           # [B] int32: the predicted value 0–9, argmax of the logits
+  probabilities: np.ndarray    # [B, 10] float32: softmax of the logits
+  tokens: list[list[str]]      # each expression's tokens, as the model read them
+  attention: list[np.ndarray] | None  # per layer [B, H, S, S]: the softmax weights over the
+                               # keys (0 on the padding), S = P + 1 with config.model.pooling
+                               # "cls" (position 0 the CLS vector, token t at t + 1), else P;
+                               # linformer [B, H, S, proj_len], memory_compressed
+                               # [B, H, S, ⌈S / c⌉]. None where the blocks compute no weights
+                               # (kinds lru / s5; linear, performer, reformer, sinkhorn, a
+                               # synthesizer over more than 256 tokens) or attention=False
+  lengths: np.ndarray          # [B] int32 tokens of each expression
+
+
+def encode_expressions(run, expressions: Sequence[str]) -> Encoded:
+  """The token ids of `expressions` (see the module docstring), padded to P, for the run's
+  model; InputError for what the module docstring refuses."""
+  check_experiment(run, "listops", "encode_expressions")
+  if isinstance(expressions, str):
+    raise InputError("expressions must be a list of ListOps expressions, got one string: "
+                     "give [expression]")
+  expressions = list(expressions)
+  if not expressions:
+    raise InputError("no expressions to classify: give a list of ListOps expressions")
+  ids, brackets, max_length = run.extras["token_ids"], run.config.data.brackets, \
+      run.config.data.max_length
+  tokens = []
+  for index, expression in enumerate(expressions):
+    where = f"expressions[{index}]"
+    if not isinstance(expression, str):
+      raise InputError(f"{where} is a {type(expression).__name__}, not a string")
+    foreign = FOREIGN_CHARACTER.search(expression)
+    if foreign:
+      raise InputError(f"{where} holds {foreign.group()!r} at character {foreign.start()}, "
+                       "which ListOps' text has not (letters, digits, spaces, ( ) [ ])")
+    words = listops.tokenize(expression, brackets)
+    if not words:
+      raise InputError(f"{where} has no ListOps token: {excerpt(expression)}")
+    unknown = next((i for i, word in enumerate(words) if word not in ids), None)
+    if unknown is not None:
+      raise InputError(f"{where}: token {unknown} (from 0), {words[unknown]!r}, is not in the "
+                       f"run's vocabulary (config.data.brackets={brackets}: {' '.join(ids)})")
+    if len(words) > max_length:
+      raise InputError(f"{where} has {len(words)} tokens, more than the run's model takes "
+                       f"(config.data.max_length={max_length})")
+    tokens.append(words)
+  longest = max(map(len, tokens))
+  padded = min(max_length, -(-longest // BUCKET_MULTIPLE) * BUCKET_MULTIPLE)
+  array = np.zeros((len(tokens), padded), np.int32)
+  for row, words in enumerate(tokens):
+    array[row, :len(words)] = [ids[word] for word in words]
+  return Encoded(array, np.array(list(map(len, tokens)), np.int32), tokens)
+
+
+def classify(run, expressions: Sequence[str], *, attention: bool = True) -> Classifications:
+  """The run's model on `expressions` (ListOps text, see the module docstring): the
+  predicted values, their probabilities and, with `attention`, each layer's attention
+  weights (a second pass with implementation "dense" where the model's own implementation
+  does not compute them; memory B · H · S² per layer). InputError for what the module
+  docstring refuses."""
+  check_experiment(run, "listops", "classify")
+  encoded = encode_expressions(run, expressions)
+  labels, probabilities, weights = jax.device_get(_classify(
+      ByIdentity(run.model), run.params, encoded.ids, encoded.lengths, attention=attention))
+  return Classifications(labels, probabilities, encoded.tokens,
+                         None if weights is None else list(weights), encoded.lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "attention"))
+def _classify(model: ByIdentity, params, ids: Array, lengths: Array, *, attention: bool):
+  """(labels [B], probabilities [B, 10], per-layer weights or None) of model.value."""
+  model = model.value
+  variables = {"params": params}
+  if not attention:
+    logits, weights = model.apply(variables, ids, lengths), None
+  else:
+    if registry.gives_weights(model.implementation):
+      logits, state = model.apply(variables, ids, lengths, mutable=["intermediates"])
+    else:
+      logits = model.apply(variables, ids, lengths)
+      _, state = model.clone(implementation="dense").apply(variables, ids, lengths,
+                                                           mutable=["intermediates"])
+    weights = _layer_weights(state.get("intermediates", {}), model.num_layers)
+  return logits.argmax(-1).astype(np.int32), jax.nn.softmax(logits), weights
+
+
+def _layer_weights(intermediates, num_layers: int) -> tuple[Array, ...] | None:
+  """The attention weights each block sowed ("stack"/"block<i>"/…/"attention_weights"),
+  in layer order; None where a block sowed none."""
+  blocks = intermediates.get("stack", {})
+  weights = []
+  for layer in range(num_layers):
+    sown = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(
+        blocks.get(f"block{layer}", {}))[0]
+            if any(getattr(key, "key", None) == "attention_weights" for key in path)]
+    if not sown:
+      return None
+    weights.append(sown[0])
+  return tuple(weights)
