@@ -67,7 +67,7 @@ from research.experiments.stack_config import (
 )
 from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel, sample
-from research.training.experiment import Model, Report, Workload
+from research.training.experiment import Inference, Model, Report, Workload
 from research.training.validation import (
   check_choice,
   check_host_memory,
@@ -322,6 +322,29 @@ def build_model(config, read=None) -> Model:
       rng, jnp.zeros((1, config.data.context), jnp.int32))["params"])
 
 
+def inference(config, model, extras) -> Inference:
+  """The next-byte logits [B, L, 256] of windows of L = config.data.context bytes [B, L],
+  from the start of each window (a recurrent model from a zero state)."""
+  del extras     # none: the vocabulary is the bytes
+  context = config.data.context
+
+  def function(params, window):
+    logits, _ = model.apply({"params": params}, window)
+    return {"logits": logits}
+
+  start = python_corpus.FILE_START
+  return Inference(
+      function,
+      {"bytes": (jax.ShapeDtypeStruct((1, context), jnp.int32),
+                 f"windows of {context} bytes as ints 0 … 255, a text read as the start of a "
+                 f"file after the byte {start} that precedes every file in training; a shorter "
+                 "text padded at the end with anything (the model is causal: position t reads "
+                 "bytes 0 … t only)")},
+      {"logits": "logits[:, t]: the unnormalised log-probabilities of the "
+                 "byte after position t (softmax over the last axis)"},
+      {"vocabulary": "the bytes 0 … 255", "file_start": start, "context": context})
+
+
 def build(config) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
   d, (model, init, _) = config.data, build_model(config)
@@ -359,4 +382,5 @@ def build(config) -> Workload:
               files={MANIFEST: json.dumps(manifest, indent=2) + "\n"})
 
 
-register("char_lm", validate=validate, build=build, build_model=build_model)
+register("char_lm", validate=validate, build=build, build_model=build_model,
+         inference=inference)

@@ -44,7 +44,7 @@ from research.data import regression_1d as data
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError
 from research.experiments.registry import register
-from research.training.experiment import Heatmap, Model, Report, Workload
+from research.training.experiment import Heatmap, Inference, Model, Report, Workload
 from research.training.validation import check_host_memory, check_positive, check_range, get
 
 Array = jax.Array
@@ -176,6 +176,23 @@ def build_model(config, read=None) -> Model:
                                              jnp.asarray(y_train))["params"], arrays)
 
 
+def inference(config, model, extras) -> Inference:
+  """Each kernel's estimate f̂_h(x) [B] at points x [B], with its learned bandwidth h and the
+  run's training points (extras x_train, y_train [num_train]) as keys and values."""
+  x_train, y_train = extras["x_train"][:, None], extras["y_train"][:, None]
+  kernels = kernel_names(config)
+
+  def function(params, x):
+    estimates = model.apply({"params": params}, x[:, None], x_train, y_train)
+    return {kernel: estimates[kernel][:, 0] for kernel in kernels}
+
+  return Inference(
+      function, {"x": (jax.ShapeDtypeStruct((1,), jnp.float32), "the points to estimate at")},
+      {kernel: f"the Nadaraya–Watson estimate with the {kernel} kernel and its learned "
+               f"bandwidth over the {len(x_train)} training points" for kernel in kernels},
+      {"kernels": list(kernels), "num_train": len(x_train)})
+
+
 def build(config) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
   kernels, (model, init, arrays) = kernel_names(config), build_model(config)
@@ -287,4 +304,5 @@ def draw_fit(arrays, curves: dict[str, np.ndarray]) -> str:
   return buffer.getvalue()
 
 
-register("kernel_regression", validate=validate, build=build, build_model=build_model)
+register("kernel_regression", validate=validate, build=build, build_model=build_model,
+         inference=inference)

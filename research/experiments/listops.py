@@ -41,7 +41,7 @@ from research.models.block_stack import POSITIONS
 from research.models.encoder_classifier import POOLINGS, EncoderClassifier
 from research.models.kinds import BLOCK_KINDS
 from research.models.transformer_block import NORMS
-from research.training.experiment import Model, Report, Workload
+from research.training.experiment import Inference, Model, Report, Workload
 from research.training.validation import (
   check_choice,
   check_host_memory,
@@ -259,6 +259,28 @@ def build_model(config, read=None) -> Model:
                {"token_ids": ids})
 
 
+def inference(config, model, extras) -> Inference:
+  """The class logits [B, 10] of expressions [B, config.data.max_length] (token ids, 0-padded)
+  and their lengths [B]; `about` has the token ids."""
+  max_length, brackets = config.data.max_length, config.data.brackets
+
+  def function(params, tokens, lengths):
+    return {"logits": model.apply({"params": params}, tokens, lengths)}
+
+  tokens = ("operator names and digits (LRA's pipeline: brackets and parentheses dropped)"
+            if not brackets else "operators as '[MAX', digits and ']' (parentheses dropped)")
+  return Inference(
+      function,
+      {"tokens": (jax.ShapeDtypeStruct((1, max_length), jnp.int32),
+                  f"each expression's tokens, {tokens}, as token_ids, padded with 0 to "
+                  f"{max_length} (a longer expression cut there, as in training)"),
+       "lengths": (jax.ShapeDtypeStruct((1,), jnp.int32),
+                   f"the number of tokens of each expression, 1 … {max_length}")},
+      {"logits": "the logits of the expression's value, 0 … 9"},
+      {"token_ids": extras["token_ids"], "padding_id": 0, "brackets": brackets,
+       "classes": list(listops.CLASS_NAMES)})
+
+
 def batches(split: dict[str, np.ndarray], batch_size: int, boundaries) -> list[dict]:
   """Every example of a split once, bucketed (see eval_batches)."""
   return eval_batches(split, batch_size, split["lengths"], boundaries, trim=("tokens",))
@@ -305,4 +327,4 @@ def build(config, data: Data | None = None) -> Workload:
 
 register("listops", validate=validate, build=build,
          build_shapes=lambda config: build(config, placeholder_data(config)),
-         generates_data=generates_data, build_model=build_model)
+         generates_data=generates_data, build_model=build_model, inference=inference)

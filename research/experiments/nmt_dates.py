@@ -34,6 +34,8 @@ from research.data.text import (
   BOS,
   EOS,
   LEVELS,
+  PAD,
+  UNK,
   Vocabulary,
   detokenize,
   encode_pairs,
@@ -45,7 +47,7 @@ from research.errors import ConfigError, InputError
 from research.experiments.registry import register
 from research.models.decoding import beam_search, greedy_decode
 from research.models.seq2seq import CELLS, DECODER_ATTENTIONS, HARD_TRAINING, STYLES, Seq2Seq
-from research.training.experiment import Heatmap, Model, Report, Workload
+from research.training.experiment import Heatmap, Inference, Model, Report, Workload
 from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
@@ -212,6 +214,38 @@ def build_model(config, read) -> Model:
                              "max_target_length": target_length})
 
 
+def inference(config, model, extras) -> Inference:
+  """Greedy decoding (`greedy_decode`) of sources [B, S]: the output tokens [B, T + 1] and the
+  attention weights [B, T + 1, S] of each step; `about` has what encoding a source and
+  reading the tokens take (the vocabularies, the tokenization level, the special ids)."""
+  del config     # the model holds it
+  source_length, steps = extras["max_source_length"], extras["max_target_length"] + 1
+
+  def function(params, source, source_lengths):
+    tokens, attention = greedy_decode(model, params, source, source_lengths, bos_id=BOS,
+                                      eos_id=EOS, max_len=steps)
+    return {"tokens": tokens, "attention": attention}
+
+  level = extras["level"]
+  unit = "character" if level == "char" else "whitespace-separated word"
+  return Inference(
+      function,
+      {"source": (jax.ShapeDtypeStruct((1, source_length), jnp.int32),
+                  f"each source's tokens (one per {unit}) as ids of source_vocabulary (its "
+                  f"index; {UNK} for a token not in it), padded with {PAD} to {source_length}"),
+       "source_lengths": (jax.ShapeDtypeStruct((1,), jnp.int32),
+                          f"the number of tokens of each source, 1 … {source_length}")},
+      {"tokens": "the ids of target_vocabulary decoded greedily, up to and "
+                 f"including EOS ({EOS}), then {PAD}",
+       "attention": "the attention weights over the source tokens at each output step (0 "
+                    "after EOS)"},
+      {"level": level, "source_vocabulary": extras["source_vocab"].tokens,
+       "target_vocabulary": extras["target_vocab"].tokens,
+       "special_ids": {"pad": PAD, "bos": BOS, "eos": EOS, "unk": UNK},
+       "detokenize": "join the target tokens before EOS " + (
+           "with nothing between them" if level == "char" else "with single spaces")})
+
+
 def target_mask(batch):
   """[B, T+1] True on each target's tokens and its EOS."""
   return jnp.arange(batch["target_out"].shape[1]) < batch["target_lengths"][:, None]
@@ -349,4 +383,5 @@ def _heatmap_examples(groups: list[str], count: int) -> list[int]:
   return (chosen or list(range(len(groups))))[:count]
 
 
-register("nmt_dates", validate=validate, build=build, build_model=build_model)
+register("nmt_dates", validate=validate, build=build, build_model=build_model,
+         inference=inference)

@@ -6,13 +6,14 @@
 
 Your own experiment (in a notebook, say) plugs in the same way:
 `experiments.register("mine", validate=my_validate, build=my_build)`; with
-`build_model=my_build_model` its runs can be restored too (`research.training.restore`).
+`build_model=my_build_model` its runs can be restored too (`research.training.restore`), and
+with `inference=my_inference` exported (`launch.py --export`).
 """
 
 from collections.abc import Callable
 
 from research.errors import ConfigError
-from research.training.experiment import Experiment, Model, Workload
+from research.training.experiment import Experiment, Inference, Model, Workload
 
 _REGISTRY: dict[str, Experiment] = {}
 
@@ -20,12 +21,15 @@ _REGISTRY: dict[str, Experiment] = {}
 def register(name: str, *, validate: Callable[..., None], build: Callable[..., Workload],
              build_shapes: Callable[..., Workload] | None = None,
              generates_data: Callable[..., bool] | None = None,
-             build_model: Callable[..., Model] | None = None) -> Experiment:
+             build_model: Callable[..., Model] | None = None,
+             inference: Callable[..., Inference] | None = None) -> Experiment:
   """Adds an experiment under `name` (the value of config.experiment) and returns it
-  (build_shapes, generates_data, build_model: see `research.training.experiment.Experiment`)."""
+  (build_shapes, generates_data, build_model, inference: see
+  `research.training.experiment.Experiment`)."""
   if name in _REGISTRY:
     raise ValueError(f"an experiment named {name!r} is registered already")
-  _REGISTRY[name] = Experiment(name, validate, build, build_shapes, generates_data, build_model)
+  _REGISTRY[name] = Experiment(name, validate, build, build_shapes, generates_data, build_model,
+                               inference)
   return _REGISTRY[name]
 
 

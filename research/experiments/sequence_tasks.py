@@ -40,7 +40,7 @@ from research.experiments.stack_config import (
 from research.models.kinds import KINDS, RECURRENT
 from research.models.sequence_model import SequenceModel
 from research.training import validation
-from research.training.experiment import Model, Workload
+from research.training.experiment import Inference, Model, Workload
 
 TASKS = ("copy", "reverse", "adding", "recall")
 ADDING_TOLERANCE = 0.04
@@ -148,6 +148,34 @@ def build_model(config, read=None) -> Model:
   return Model(model, lambda rng: model.init(rng, jnp.asarray(example))["params"])
 
 
+def inference(config, model, extras) -> Inference:
+  """The model's outputs for inputs laid out as config.data.task's generator lays them
+  (research/data/sequence_tasks.py)."""
+  del extras     # none: the inputs are the task's
+  d, example = config.data, generator(config)(np.random.default_rng(0), 1)["inputs"]
+  n, k, length = d.num_symbols, d.num_items, example.shape[1]
+  inputs = {
+      "adding": f"(value, marker) at each of {length} steps: the values in [0, 1), two of them "
+                "marked 1, one in each half",
+      "recall": f"tokens k_1 v_1 … k_{k} v_{k}, {d.length} blanks (0), a query "
+                f"key; key s is the token s + 1 (s < {n}), value v the token {n + 1} + v",
+      "copy": f"tokens: {k} symbols, {d.length} blanks (0), the delimiter "
+              f"{n + 1}, {k} blanks; symbol s is the token s + 1 (s < {n})"}
+  outputs = {
+      "adding": "the sum of the two marked values",
+      "recall": "the logits of the value stored under the query key",
+      "copy": f"logits of the {n} symbols at each position: the last {k} give the symbols in "
+              "their order" + (", reversed" if d.task == "reverse" else "")}
+  task = "copy" if d.task == "reverse" else d.task       # (the same layout)
+
+  def function(params, inputs):
+    return {"outputs": model.apply({"params": params}, inputs)}
+
+  return Inference(function, {"inputs": (jax.ShapeDtypeStruct(example.shape, example.dtype),
+                                         inputs[task])},
+                   {"outputs": outputs[task]}, {"task": d.task})
+
+
 def build(config) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
   generate, (model, init, _), task = generator(config), build_model(config), config.data.task
@@ -170,4 +198,5 @@ def build(config) -> Workload:
               loss=loss, evaluate=evaluate)
 
 
-register("sequence_tasks", validate=validate, build=build, build_model=build_model)
+register("sequence_tasks", validate=validate, build=build, build_model=build_model,
+         inference=inference)

@@ -15,6 +15,10 @@ An `Experiment` (registered in research.experiments under the name that
                                its data (minutes), so the loop compiles build_shapes' step
                                first; otherwise it builds (reading and checking the user's
                                files) before compiling anything
+  inference(config, module, extras) -> Inference
+                                      optional: what the run's model answers, as one
+                                      function of the parameters and the inputs
+                                      (`launch.py --export`, research/training/export.py)
 
 and the loop, which is handed the Experiment, does the rest (devices, optimizer,
 checkpoints, metrics). Everything in a Workload except the data streams is a pure function
@@ -78,6 +82,22 @@ class Model(NamedTuple):
   # what answering raw input needs beyond the config (vocabularies, training points).
 
 
+class Inference(NamedTuple):
+  """What a run's model answers (`Experiment.inference`), for `launch.py --export`, which
+  closes `function` over the run's parameters and makes the inputs' first axis, the batch,
+  symbolic (any size)."""
+  function: Callable[..., dict[str, Array]]
+  # function(params, *inputs) -> {output name: array}: jit-able, pure, without the data.
+  inputs: dict[str, tuple[jax.ShapeDtypeStruct, str]]
+  # input name -> (its shape and dtype for a batch of 1, what it holds), in the order
+  # `function` takes them; every input's first axis is the batch.
+  outputs: dict[str, str]
+  # output name -> what it holds (the shapes and dtypes are the function's).
+  about: dict[str, Any] = {}
+  # what a user needs beyond the shapes to make the inputs and read the outputs, as JSON
+  # values: vocabularies (token lists, id = index), special ids, lengths.
+
+
 class Experiment(NamedTuple):
   """An experiment as the loop receives it: how to check a config and build its workload."""
   name: str                                        # the value of config.experiment
@@ -98,3 +118,6 @@ class Experiment(NamedTuple):
   # its data: read(name) is the text of a file the run wrote into its workdir (one of the
   # Workload's `files`; `build` passes those it is about to write). None: its runs cannot be
   # restored.
+  inference: Callable[[Any, Any, dict[str, Any]], Inference] | None = None
+  # inference(config, module, extras) -> Inference for a run's config and the module and
+  # extras of its build_model. None: its runs cannot be exported.
