@@ -1,5 +1,7 @@
 """Runs an experiment: python launch.py --config experiments/NAME.py[:ARGS] --workdir DIR
-[--config.key=value ...] [--sweep] [--compile_only=TARGET] [--verbose].
+[--config.key=value ...] [--sweep] [--compile_only=TARGET] [--verbose], evaluates a run's
+checkpoint again: python launch.py --workdir DIR --eval_only [--step N], or exports it:
+python launch.py --workdir DIR --export [--step N].
 
 With no flags it runs the default experiment into a new directory under runs/. The
 config file is loaded once; `--config.key=value` overrides are checked, then applied by
@@ -18,6 +20,19 @@ sweep, would refuse: a live run's, another config's), and nothing written unless
 step compiles. An override is checked in each spelling absl reads (`-config.KEY` or
 `--config.KEY`, `=VALUE` or the next argument, `--noconfig.KEY`).
 
+`--eval_only` evaluates the checkpoint of step N (default: the latest) of the run in
+--workdir, with that run's own config (its config.json: no --config or override is taken),
+on the validation split and the experiment's test report, into eval_step_N.json there
+(`research.training.eval_only`); it writes nothing else, and takes no lock (a live run's
+workdir evaluates too). Not with --sweep or --compile_only.
+
+`--export` writes the checkpoint of step N (default: the latest) of the run in --workdir
+into export_step_N/ there, for use without this package: its parameters
+(params.safetensors), its inference function serialized by jax.export for CPU, CUDA and TPU
+(inference.jax_exported) and what calling it takes (metadata.json)
+(`research.training.export`). Like --eval_only it takes the run's own config, writes nothing
+else and takes no lock; not with --eval_only, --sweep or --compile_only.
+
 Exit status: 0 done (or stopped by SIGTERM after saving a checkpoint), 1 the run failed
 (a non-finite loss, a failed save, an exception in another thread), 2 a user error,
 130 stopped by Ctrl-C after saving.
@@ -31,11 +46,13 @@ VERBOSE_FLAG = "--verbose"
 
 with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on import
   import datetime
+  import functools
   import importlib.util
   import json
   import logging as python_logging
   import os
   import signal
+  from collections.abc import Callable
 
   import jax
   from absl import app, flags, logging
@@ -46,6 +63,8 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from research.errors import ConfigError, RunFailed, UserError
   from research.training import Stopped, distributed, run_sweep, thread_failures, train_and_evaluate
   from research.training.compile_only import REPORT, SUMMARY, compile_sweep, table, target_name
+  from research.training.eval_only import evaluate_checkpoint
+  from research.training.export import export_run
   from research.training.validation import check_base_keys, check_key, get, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -53,12 +72,24 @@ DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
 ORBAX = f"{os.sep}orbax{os.sep}"         # in the path of Orbax's modules
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
-COMPILE_ONLY_FLAG = "compile_only"
+COMPILE_ONLY_FLAG, EVAL_ONLY_FLAG, EXPORT_FLAG, STEP_FLAG = (
+    "compile_only", "eval_only", "export", "step")
+# The flags that act on a run's checkpoint with its own config, and what each does to it.
+CHECKPOINT_FLAGS = {EVAL_ONLY_FLAG: "evaluate", EXPORT_FLAG: "export"}
 VALUE_FLAGS = {   # launch.py's flags that take a value: the refusal of one given without
     "workdir": "--workdir needs a directory: --workdir=DIR (without the flag: a new one under "
                "runs/)",
     COMPILE_ONLY_FLAG: f"--compile_only needs a target: --compile_only=TARGET, one of: "
-                       f"{', '.join(targets.TARGETS)}"}
+                       f"{', '.join(targets.TARGETS)}",
+    STEP_FLAG: "--step needs a checkpoint's step: --step=N (without the flag: the latest)"}
+_EVAL_ONLY = flags.DEFINE_bool(
+    EVAL_ONLY_FLAG, False, "evaluate the checkpoint of the run in --workdir (its own config) "
+    "on the validation and test splits into eval_step_N.json there; train nothing")
+flags.DEFINE_bool(
+    EXPORT_FLAG, False, "export the checkpoint of the run in --workdir into export_step_N "
+    "there: params.safetensors, inference.jax_exported (jax.export), metadata.json")
+_STEP = flags.DEFINE_integer(STEP_FLAG, None, "with --eval_only or --export: the checkpoint's "
+                             "step (default: the latest)", lower_bound=0)
 flags.DEFINE_string(
     COMPILE_ONLY_FLAG, None, "compile the train and eval steps for TARGET (no such device "
     f"needed: {', '.join(targets.TARGETS)}), write compile_report.json, train nothing")
@@ -196,7 +227,46 @@ def check_no_arguments(arguments: list[str]) -> None:
             if arguments[0].partition(":")[0].endswith(".py") else "")
     raise ConfigError(f"unexpected argument {arguments[0]!r}: launch.py takes flags only "
                       f"(--config FILE[:ARGS], --config.KEY=VALUE, --workdir DIR, --sweep, "
-                      f"--compile_only=TARGET, --verbose){hint}")
+                      f"--compile_only=TARGET, --eval_only, --export, --step N, "
+                      f"--verbose){hint}")
+
+
+def bool_flag(argv: list[str], name: str) -> bool:
+  """Whether argv sets the bool flag `name` as absl reads it (`--NAME`, `--NAME=true|t|1`,
+  `--noNAME`; the last occurrence counts)."""
+  value = False
+  for _, flag, text in flags_of(argv):
+    if flag in (name, f"no{name}"):
+      value = flag == name and (text is None or text.lower() in ("true", "t", "1"))
+  return value
+
+
+def checkpoint_flag(argv: list[str], values: dict[str, str]) -> str | None:
+  """The flag of CHECKPOINT_FLAGS that argv asks for (--eval_only, --export), None for
+  neither; ConfigError for both, for what does not go with one (--sweep, --compile_only,
+  --config and overrides: it reads the run's own config; no --workdir), and for --step
+  without one."""
+  given = [name for name in CHECKPOINT_FLAGS if bool_flag(argv, name)]
+  if not given:
+    if STEP_FLAG in values:
+      raise ConfigError("--step goes with --eval_only or --export: --workdir DIR --eval_only "
+                        "--step=N evaluates the checkpoint of step N, --export --step=N "
+                        "exports it")
+    return None
+  flag, verb = given[0], CHECKPOINT_FLAGS[given[0]]
+  configs = [f"--{name}" for _, name, _ in flags_of(argv)
+             if name == "config" or name.startswith(("config.", "noconfig."))]
+  for given_too, refusal in (
+      (len(given) > 1, f"--{given[-1]}: {verb} and {CHECKPOINT_FLAGS[given[-1]]} in two commands"),
+      (bool_flag(argv, "sweep"), f"--sweep: {verb} each point's workdir"),
+      (COMPILE_ONLY_FLAG in values, "--compile_only"),
+      (configs, f"{configs[0] if configs else ''}: it takes the run's own config (its "
+                "config.json)")):
+    if given_too:
+      raise ConfigError(f"--{flag} does not go with {refusal}")
+  if "workdir" not in values:
+    raise ConfigError(f"--{flag} needs --workdir=DIR, the workdir of the run to {verb}")
+  return flag
 
 
 def fail(status: int, message: str, verbose: bool):
@@ -246,31 +316,54 @@ def compile_for(target: str, config, module, workdir: str, experiment, verbose: 
         f"report: {os.path.join(workdir, REPORT)}")
 
 
-def main(config, module, name: str, verbose: bool, target: str | None,
-         arguments: list[str]) -> None:
+def train_or_compile(config, module, name: str, verbose: bool, target: str | None) -> None:
   """Trains config's experiment (or every point of the module's sweep) into --workdir, or
-  compiles it for `target` (--compile_only); `arguments`: what absl left that is no flag."""
-  thread_failures.watch(verbose)
-  if not verbose:
-    quiet_libraries()
+  compiles it for `target` (--compile_only)."""
   suffix = f"-{target}" if target else ""
   workdir = _WORKDIR.value or os.path.join(
       ROOT, "runs", f"{name}{suffix}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+  experiment = experiments.get(config.experiment)
+  if target is not None:
+    compile_for(target, config, module, workdir, experiment, verbose)
+    return
+  distributed.initialize(config)
+  start_backends(verbose)
+  if _SWEEP.value:
+    run_sweep(config, sweep_points(module), workdir, experiment)
+    print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
+  else:
+    final = train_and_evaluate(config, workdir, experiment)
+    print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2))
+    print(f"workdir: {workdir}")
+
+
+def evaluate(verbose: bool) -> None:
+  """--eval_only: the checkpoint of --step (default: the latest) of the run in --workdir."""
+  start_backends(verbose)
+  path, metrics = evaluate_checkpoint(_WORKDIR.value, _STEP.value)
+  print(json.dumps({k: round(v, 6) for k, v in metrics.items()}, indent=2))
+  print(f"eval metrics: {path}")
+
+
+def export(verbose: bool) -> None:
+  """--export: the checkpoint of --step (default: the latest) of the run in --workdir."""
+  start_backends(verbose)
+  with jax_start.held_back(not verbose):   # the CUDA and TPU lowerings' logs
+    directory, metadata = export_run(_WORKDIR.value, _STEP.value)
+  for platform, reason in metadata["not_exported"].items():
+    print(f"warning: no {platform} program in {directory}: {reason}", file=sys.stderr)
+  print(f"exported step {metadata['step']} for {', '.join(metadata['platforms'])}: {directory}")
+
+
+def main(work: Callable[[], None], verbose: bool, arguments: list[str]) -> None:
+  """Does the command's `work` (train_or_compile, evaluate or export), every error as one
+  line with its exit status; `arguments`: what absl left that is no flag."""
+  thread_failures.watch(verbose)
+  if not verbose:
+    quiet_libraries()
   try:
     check_no_arguments(arguments)
-    experiment = experiments.get(config.experiment)
-    if target is not None:
-      compile_for(target, config, module, workdir, experiment, verbose)
-    else:
-      distributed.initialize(config)
-      start_backends(verbose)
-      if _SWEEP.value:
-        run_sweep(config, sweep_points(module), workdir, experiment)
-        print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
-      else:
-        final = train_and_evaluate(config, workdir, experiment)
-        print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2))
-        print(f"workdir: {workdir}")
+    work()
     thread_failures.join_other_threads()
     thread_failures.raise_if_failed("after the command's work was done (what it wrote is "
                                     "complete)")
@@ -288,22 +381,29 @@ def main(config, module, name: str, verbose: bool, target: str | None,
 
 
 def run(argv: list[str]) -> None:
-  """Loads the config once, checks the overrides and --compile_only's target, then hands
-  over to absl and main."""
+  """Loads the config once, checks the overrides and --compile_only's target (or what goes
+  with --eval_only or --export, which load no config), then hands over to absl and main."""
   verbose = VERBOSE_FLAG in argv
   try:
-    spec, argv = split_config_flag(argv)
-    target = compile_target(value_flags(argv))
-    config, module = load_config(spec)
-    check_overrides(config, argv)
+    values = value_flags(argv)
+    on_checkpoint = checkpoint_flag(argv, values)
+    if on_checkpoint is None:
+      spec, argv = split_config_flag(argv)
+      target = compile_target(values)
+      config, module = load_config(spec)
+      check_overrides(config, argv)
   except UserError as error:
     fail(2, f"error: {error}", verbose)
-  config_flag = config_flags.DEFINE_config_dict(
-      "config", config, "the experiment config: --config FILE[:ARGS] --config.key=value ...",
-      lock_config=True, sys_argv=argv)
-  name = os.path.basename(spec.partition(":")[0])[:-3]
-  app.run(lambda left: main(config_flag.value, module, name, verbose, target, left[1:]),
-          argv=argv, flags_parser=parse_flags)
+  if on_checkpoint is not None:
+    work = functools.partial({EVAL_ONLY_FLAG: evaluate, EXPORT_FLAG: export}[on_checkpoint],
+                             verbose)
+  else:
+    config_flag = config_flags.DEFINE_config_dict(
+        "config", config, "the experiment config: --config FILE[:ARGS] --config.key=value ...",
+        lock_config=True, sys_argv=argv)
+    name = os.path.basename(spec.partition(":")[0])[:-3]
+    work = lambda: train_or_compile(config_flag.value, module, name, verbose, target)
+  app.run(lambda left: main(work, verbose, left[1:]), argv=argv, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,44 @@ def test_an_unknown_target_is_refused_listing_the_targets_and_the_nearest(value,
                                 f"of: {TARGETS}")
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--export", "--eval_only"], "--eval_only does not go with --export: evaluate and export "
+                                  "in two commands"),
+    (["--export", "--sweep"], "--export does not go with --sweep: export each point's workdir"),
+    (["--export", "--compile_only=t4"], "--export does not go with --compile_only"),
+    (["--export", "--config=c.py"], "--export does not go with --config: it takes the run's "
+                                    "own config (its config.json)"),
+    (["--eval_only", "-config.seed", "1"], "--eval_only does not go with --config.seed: it "
+                                           "takes the run's own config (its config.json)"),
+    (["--step=3"], "--step goes with --eval_only or --export: --workdir DIR --eval_only "
+                   "--step=N evaluates the checkpoint of step N, --export --step=N exports it"),
+    (["--export", "--step=3", "--workdir="], "--workdir needs a directory"),
+])
+def test_what_does_not_go_with_eval_only_or_export_is_refused(flags, message):
+  argv = ["launch.py", "--workdir=/w", *flags]
+  with pytest.raises(ConfigError) as refused:
+    launch.checkpoint_flag(argv, launch.value_flags(argv))
+  assert str(refused.value).startswith(message), refused.value
+
+
+def test_export_needs_a_workdir():
+  argv = ["launch.py", "--export", "--step=3"]
+  with pytest.raises(ConfigError) as refused:
+    launch.checkpoint_flag(argv, launch.value_flags(argv))
+  assert str(refused.value) == "--export needs --workdir=DIR, the workdir of the run to export"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--export", "--step", "3"], "export"),
+    (["--eval_only=true"], "eval_only"),
+    (["--export", "--noexport"], None),                   # the last one counts, as in absl
+    (["--", "--export"], None),                           # after --: not a flag
+])
+def test_eval_only_and_export_are_read_as_absl_reads_them(flags, expected):
+  argv = ["launch.py", "--workdir=/w", *flags]
+  assert launch.checkpoint_flag(argv, launch.value_flags(argv)) == expected
+
+
 def _unreachable(*args, **kwargs):
   raise AssertionError("a refused compile_only reached the toolchain or the compiler")
 
@@ -193,7 +231,10 @@ def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_
           command("h", "experiments/char_lm.py"),
           "unexpected argument 'experiments/char_lm.py': launch.py takes flags only (--config "
           "FILE[:ARGS], --config.KEY=VALUE, --workdir DIR, --sweep, --compile_only=TARGET, "
-          "--verbose); for a config file write --config=experiments/char_lm.py"),
+          "--eval_only, --export, --step N, --verbose); for a config file write "
+          "--config=experiments/char_lm.py"),
+      "an export of no run": ([f"--workdir={root}/none", "--export"],
+                              f"workdir {root}/none does not exist"),
   }
   output = os.path.join(root, "output")
   os.makedirs(output)

@@ -196,6 +196,7 @@ def runs(tmp_path_factory):
   corrected = cases["char_lm dangling symlink"][1]
   commands["char_lm corrected"] = [*CHAR_LM, f"--config.data.stdlib={root}/fixed_library",
                                    f"--workdir={corrected}"]
+  commands["char_lm export"] = [f"--workdir={corrected}", "--export"]
   sweep, point = os.path.join(root, "runs", "good_sweep"), "model.kind=gru"
   commands["sweep"] = [f"--config={paths['sweep']}/good.py", *tiny.launch_command("")[3:],
                        "--sweep", f"--workdir={sweep}"]
@@ -227,6 +228,19 @@ def test_the_corrected_command_runs_in_the_workdir_of_the_refused_one(runs):
   assert f"workdir: {corrected}" in stdout
   with open(os.path.join(corrected, "config.json")) as f:
     assert json.load(f)["data"]["stdlib"].endswith("fixed_library")
+
+
+def test_the_corrected_run_exports_into_a_directory_of_its_own(runs):
+  _, _, results, corrected, _ = runs
+  status, stdout, stderr = results["char_lm export"]
+  assert status == 0, stderr[-3000:]
+  directory = os.path.join(corrected, "export_step_2")
+  with open(os.path.join(directory, "metadata.json")) as f:
+    platforms = json.load(f)["platforms"]
+  assert stdout == f"exported step 2 for {', '.join(platforms)}: {directory}\n"
+  assert sorted(os.listdir(directory)) == ["inference.jax_exported", "metadata.json",
+                                           "params.safetensors"]
+  assert not [name for name in os.listdir(corrected) if name.startswith(".export")]
 
 
 def test_a_sweep_point_whose_final_metrics_were_cut_is_trained_again(runs):
