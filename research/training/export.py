@@ -34,20 +34,21 @@ The parameters are constants of the program: calling it needs neither params.saf
 (which serves other tools) nor the parameter tree's structure.
 
 Where a platform cannot lower with a symbolic batch (a Pallas kernel with the batch in its
-grid or blocks: XLA's Triton attention on CUDA, the kernels' lengths when the attention is
-masked), it gets the run's config.train.batch_size; the platforms of each batch share a
-program, the first platform's in inference.jax_exported, the other in
-inference.<platforms>.jax_exported (e.g. inference.cuda.jax_exported, of batch 32 where
-inference.jax_exported takes any on CPU and TPU). A platform that lowers with neither (its
-toolchain missing: the `aot` extra's cuDNN, CUDA plugin) is left out and named, with the
-first line of its error, in metadata.json's `not_exported`.
+grid or blocks: XLA's Triton attention on CUDA; the attention's dispatch traces every
+platform's kernel, so a masked attention, listops', takes no symbolic batch on any platform),
+it gets the run's config.train.batch_size; the platforms of each batch share a program, the
+first platform's in inference.jax_exported, the other in inference.<platforms>.jax_exported
+(a char_lm transformer: inference.jax_exported for CPU and TPU, any batch, and
+inference.cuda.jax_exported, batch 32). A platform that lowers with neither (its toolchain
+missing: the `aot` extra's cuDNN, CUDA plugin) is left out and named, with the first line of
+its error, in metadata.json's `not_exported`.
 
 Nothing else in the workdir is written and no lock is taken (a live run's workdir exports
 too, at its latest complete checkpoint); an export_step_<step> there already is replaced
 whole once the new one is complete (written into a temporary directory beside it,
-.export_step_<step>.*, then swapped in; a kill meanwhile leaves that directory). Refused in one line with nothing written (a research.errors.UserError): what
-restore refuses; an experiment registered without `inference`; a workdir that cannot be
-written.
+.export_step_<step>.*, then swapped in; a kill meanwhile leaves that directory). Refused in
+one line with nothing written (a research.errors.UserError): what restore refuses; an
+experiment registered without `inference`; a workdir that cannot be written.
 """
 
 import json
