@@ -72,8 +72,8 @@ def encode_expressions(run, expressions: Sequence[str]) -> Encoded:
   expressions = list(expressions)
   if not expressions:
     raise InputError("no expressions to classify: give a list of ListOps expressions")
-  ids, (brackets, max_length) = run.extras["token_ids"], (run.config.data.brackets,
-                                                          run.config.data.max_length)
+  ids, brackets = run.extras["token_ids"], run.config.data.brackets
+  max_length = run.config.data.max_length
   tokens = []
   for index, expression in enumerate(expressions):
     where = f"expressions[{index}]"
