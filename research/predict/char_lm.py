@@ -1,0 +1,176 @@
+"""char_lm: a restored run continues a prompt and scores a text in bits per byte.
+
+  run = training.restore("runs/char_lm")
+  predict.sample(run, "def ", length=200, temperature=0.8, num_samples=2)  # [b"...", b"..."]
+  predict.bits_per_byte(run, open("mine.py", "rb").read())                 # e.g. 1.74
+  predict.byte_bits(run, "import os\\n")      # [10] float64: −log2 p of each byte
+
+A prompt or a text is read as the experiment reads a file of its corpus
+(research/experiments/char_lm.py): its bytes (a str as UTF-8) after the byte FILE_START
+(0), from the model's zero state or with nothing before. An empty prompt asks for the start
+of a file.
+
+Sampling is language_model.sample, jit-compiled once per run, prompt length and setting:
+each byte drawn from softmax(logits / temperature) over the top_k most likely bytes
+(top_k = 0: all 256; temperature = 0: the most likely byte), from jax.random.key(seed); the
+blocks (kinds transformer, lru, s5) read the last config.data.context bytes before each
+draw, as they were trained.
+
+Scoring is the experiment's test/bits_per_byte on one file: −Σ log2 p(byte | FILE_START and
+the bytes before it) / bytes. A recurrent model reads the text in chunks of
+config.data.test_chunk bytes carrying its state; the blocks read windows of
+config.data.context bytes advancing by config.data.test_stride (0: half the context), each
+byte scored in the last window that holds it (the first window scores all of its bytes), so
+every byte sees at least context − stride bytes before it, or all of them near the start.
+
+Refused, before anything compiles (research.errors.InputError, one line naming the
+argument): a prompt or text that is not a str or bytes, or a str that UTF-8 cannot encode
+(a lone surrogate); an empty text; length or num_samples < 1; temperature < 0 or not finite;
+top_k outside 0 … 256; a seed that is not an int.
+"""
+
+import functools
+import math
+import numbers
+
+import jax
+import numpy as np
+import optax
+
+from research.data.python_corpus import FILE_START
+from research.errors import InputError, excerpt
+from research.experiments.char_lm import window_losses
+from research.models import language_model
+from research.models.kinds import BLOCK_KINDS
+from research.predict.runs import check_experiment
+from research.predict.static import ByIdentity
+
+Array = jax.Array
+
+
+def sample(run, prompt: str | bytes, *, length: int, temperature: float = 1.0, top_k: int = 0,
+           seed: int = 0, num_samples: int = 1) -> list[bytes]:
+  """num_samples continuations of `prompt` (see the module docstring), each `length` bytes
+  (the prompt not included). InputError for what the module docstring refuses."""
+  check_experiment(run, "char_lm", "sample")
+  data = _bytes(prompt, "prompt")
+  for name, value in (("length", length), ("num_samples", num_samples)):
+    if not _is_int(value) or value < 1:
+      raise InputError(f"{name}={value!r} must be an int >= 1")
+  if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
+      or not math.isfinite(temperature) or temperature < 0):
+    raise InputError(f"temperature={temperature!r} must be a number >= 0 (0: the most likely "
+                     "byte)")
+  if not _is_int(top_k) or not 0 <= top_k <= language_model.VOCAB_SIZE:
+    raise InputError(f"top_k={top_k!r} must be an int in 0 … {language_model.VOCAB_SIZE} "
+                     "(0: every byte)")
+  if not _is_int(seed):
+    raise InputError(f"seed={seed!r} must be an int")
+  prompts = np.tile(_tokens(data), (int(num_samples), 1))
+  drawn = _sample(ByIdentity(run.model), run.params, prompts, jax.random.key(int(seed)),
+                  length=int(length), temperature=float(temperature), top_k=int(top_k),
+                  context=run.config.data.context)
+  return [bytes(row) for row in np.asarray(drawn, np.uint8)]
+
+
+def byte_bits(run, text: str | bytes) -> np.ndarray:
+  """−log2 p of each byte of `text` [N] float64, read as the module docstring says.
+  InputError for what the module docstring refuses."""
+  check_experiment(run, "char_lm", "byte_bits")
+  data = _bytes(text, "text")
+  if not data:
+    raise InputError("text is empty: give at least one byte to score")
+  model, d = ByIdentity(run.model), run.config.data
+  tokens = _tokens(data)                                        # [N + 1]: FILE_START, text
+  if run.model.kind in BLOCK_KINDS:
+    nats = _windows_nats(model, run.params, tokens, d.context,
+                         d.test_stride or max(d.context // 2, 1), run.config.train.batch_size)
+  else:
+    nats = _carried_nats(model, run.params, tokens, d.test_chunk)
+  return np.asarray(nats, np.float64) / math.log(2)
+
+
+def bits_per_byte(run, text: str | bytes) -> float:
+  """The mean of byte_bits(run, text): the experiment's test/bits_per_byte on `text` alone.
+  InputError for what the module docstring refuses."""
+  check_experiment(run, "char_lm", "bits_per_byte")
+  return float(byte_bits(run, text).mean())
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _bytes(value: str | bytes, name: str) -> bytes:
+  """A prompt's or text's bytes (a str encoded as UTF-8); InputError naming `name`."""
+  if isinstance(value, bytes):
+    return value
+  if not isinstance(value, str):
+    raise InputError(f"{name} must be a str or bytes, got a {type(value).__name__}")
+  try:
+    return value.encode("utf-8")
+  except UnicodeEncodeError as error:
+    raise InputError(f"{name} {excerpt(value)} cannot be encoded as UTF-8 ({error.reason}: "
+                     f"{value[error.start:error.end]!r} at character {error.start})") from None
+
+
+def _tokens(data: bytes) -> np.ndarray:
+  """FILE_START then the bytes of data: [len(data) + 1] int32."""
+  return np.frombuffer(bytes([FILE_START]) + data, np.uint8).astype(np.int32)
+
+
+def _carried_nats(model: ByIdentity, params, tokens: np.ndarray, chunk: int) -> np.ndarray:
+  """−ln p of each next token of tokens [N + 1]: [N], read in chunks of `chunk` tokens with
+  the recurrent state carried from chunk to chunk."""
+  count = len(tokens) - 1
+  padded = -(-count // chunk) * chunk
+  tokens = np.pad(tokens, (0, padded + 1 - len(tokens)))[None]              # [1, padded + 1]
+  carry, nats = model.value.initial_carry(1), []
+  for start in range(0, padded, chunk):
+    carry, losses = _chunk_nats(model, params, carry, tokens[:, start:start + chunk],
+                                tokens[:, start + 1:start + chunk + 1])
+    nats.append(losses[0])
+  return np.concatenate(jax.device_get(nats))[:count]
+
+
+@functools.partial(jax.jit, static_argnames="model")
+def _chunk_nats(model: ByIdentity, params, carry, inputs: Array, targets: Array):
+  """(the carry after inputs [1, C], −ln p of each target [1, C])."""
+  logits, carry = model.value.apply({"params": params}, inputs, carry)
+  return carry, optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+
+
+def _windows_nats(model: ByIdentity, params, tokens: np.ndarray, context: int, stride: int,
+                  batch_size: int) -> np.ndarray:
+  """−ln p of each next token of tokens [N + 1]: [N], from windows of `context` inputs
+  starting every `stride` tokens, batch_size windows per call. Position p is scored by
+  window 0 when p < context, else by window k = ⌈(p − context + 1) / stride⌉, the last that
+  holds it."""
+  count = len(tokens) - 1
+  windows = 1 + -(-max(count - context, 0) // stride)
+  starts = np.arange(windows) * stride
+  tokens = np.pad(tokens, (0, starts[-1] + context + 1 - len(tokens)))
+  rows = -(-windows // batch_size) * batch_size
+  batches = np.pad(tokens[starts[:, None] + np.arange(context + 1)],
+                   ((0, rows - windows), (0, 0)))                          # [rows, context + 1]
+  nats = np.concatenate(jax.device_get(
+      [_window_nats(model, params, batches[i:i + batch_size])
+       for i in range(0, rows, batch_size)]))                               # [rows, context]
+  positions = np.arange(count)
+  window = np.where(positions < context, 0, -(-(positions - context + 1) // stride))
+  return nats[window, positions - starts[window]]
+
+
+@functools.partial(jax.jit, static_argnames="model")
+def _window_nats(model: ByIdentity, params, windows: Array) -> Array:
+  """−ln p of each next token of windows [B, L + 1]: [B, L]."""
+  return window_losses(model.value, params, windows)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "length", "temperature", "top_k",
+                                             "context"))
+def _sample(model: ByIdentity, params, prompts: Array, rng: Array, *, length: int,
+            temperature: float, top_k: int, context: int) -> Array:
+  """language_model.sample of model.value: prompts [B, P] -> bytes [B, length]."""
+  return language_model.sample(model.value, params, prompts, rng, length=length,
+                               temperature=temperature, top_k=top_k, context=context)
