@@ -29,6 +29,9 @@ from research.training.checkpoints import Checkpoints
 from research.training.train_step import init_state, make_optimizer
 from research.training.validation import apply_overrides
 
+# Every test reads the one export of the module's fixture: on one worker, the fixture runs once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("export")]
+
 sys.path.insert(0, os.path.join(tiny.ROOT, "experiments"))
 import kernel_regression  # noqa: E402
 import nmt_dates  # noqa: E402
@@ -123,7 +126,6 @@ def exported(tmp_path_factory):
           for name, r in results.items()}
 
 
-@pytest.mark.slow
 def test_a_process_without_this_package_runs_the_exports_as_the_restored_models(exported):
   run, _, metadata, got, _ = exported["nmt_dates"]
   vocabulary, length = run.extras["source_vocab"], run.extras["max_source_length"]
@@ -154,7 +156,6 @@ def test_a_process_without_this_package_runs_the_exports_as_the_restored_models(
       "platforms"]
 
 
-@pytest.mark.slow
 def test_the_parameters_are_a_safetensors_file_of_the_tree_as_flax_flattens_it(exported):
   for name, (run, directory, metadata, _, _) in exported.items():
     assert sorted(os.listdir(directory)) == sorted(
@@ -170,7 +171,6 @@ def test_the_parameters_are_a_safetensors_file_of_the_tree_as_flax_flattens_it(e
     assert metadata["jax_version"] == jax.__version__
 
 
-@pytest.mark.slow
 def test_an_export_writes_its_directory_alone_and_exporting_again_replaces_it(exported):
   run, directory, _, _, before = exported["kernel_regression"]
   first = tiny.files_under(run.workdir)
@@ -207,7 +207,6 @@ def test_the_cuda_and_tpu_programs_are_exported_and_name_their_unguaranteed_kern
                                      "have no compatibility guarantees")
 
 
-@pytest.mark.slow
 def test_an_experiment_without_inference_is_refused_before_anything_is_written(
     exported, tmp_path, monkeypatch):
   run = exported["kernel_regression"][0]
