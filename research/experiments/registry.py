@@ -16,6 +16,7 @@ from research.errors import ConfigError
 from research.training.experiment import Experiment, Inference, Model, Workload
 
 _REGISTRY: dict[str, Experiment] = {}
+BUILT_IN = "research.experiments."     # the modules of the built-in experiments
 
 
 def register(name: str, *, validate: Callable[..., None], build: Callable[..., Workload],
@@ -25,9 +26,14 @@ def register(name: str, *, validate: Callable[..., None], build: Callable[..., W
              inference: Callable[..., Inference] | None = None) -> Experiment:
   """Adds an experiment under `name` (the value of config.experiment) and returns it
   (build_shapes, generates_data, build_model, inference: see
-  `research.training.experiment.Experiment`)."""
-  if name in _REGISTRY:
-    raise ValueError(f"an experiment named {name!r} is registered already")
+  `research.training.experiment.Experiment`).
+
+  Registering a name again replaces the earlier registration, so that a notebook cell that
+  registers an experiment runs again; a built-in experiment's name (one of research/
+  experiments/) is refused with a ValueError."""
+  if name in _REGISTRY and _REGISTRY[name].build.__module__.startswith(BUILT_IN):
+    raise ValueError(f"{name!r} is a built-in experiment ({_REGISTRY[name].build.__module__}): "
+                     "register yours under another name")
   _REGISTRY[name] = Experiment(name, validate, build, build_shapes, generates_data, build_model,
                                inference)
   return _REGISTRY[name]

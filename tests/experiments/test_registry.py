@@ -31,12 +31,17 @@ def test_an_unknown_task_names_the_registered_ones():
     experiments.get("nmt")
 
 
-def test_a_new_task_registers_once(monkeypatch):
+def test_a_new_task_registers_again_but_never_over_a_built_in_one(monkeypatch):
   monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
   builder = experiments.register("mine", validate=lambda config: None, build=lambda config: None)
   assert experiments.get("mine") is builder and "mine" in experiments.names()
-  with pytest.raises(ValueError, match="'mine' is registered already"):
-    experiments.register("mine", validate=lambda config: None, build=lambda config: None)
+  again = experiments.register("mine", validate=lambda config: None, build=lambda config: None)
+  assert experiments.get("mine") is again is not builder           # a notebook cell run twice
+  built_in = experiments.get("listops")
+  with pytest.raises(ValueError, match=r"^'listops' is a built-in experiment \(research\."
+                                       r"experiments\.listops\): register yours under another"):
+    experiments.register("listops", validate=lambda config: None, build=lambda config: None)
+  assert experiments.get("listops") is built_in
 
 
 def test_the_training_package_never_imports_the_tasks():
