@@ -56,10 +56,10 @@ class Translations(NamedTuple):
                                     # output; None for greedy decoding
 
 
-def encode(run, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
+def encode_texts(run, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
   """The source ids [N, S] int32 (0 pads), lengths [N] int32 and tokens of `texts` for the
   run's model; InputError for what the module docstring refuses."""
-  check_experiment(run, "nmt_dates", "encode")
+  check_experiment(run, "nmt_dates", "encode_texts")
   if isinstance(texts, str):
     raise InputError(f"texts must be a list of texts, got one string {excerpt(texts)}: give "
                      "[text]")
@@ -110,7 +110,7 @@ def translate(run, texts: Sequence[str], *, beam_size: int = 1,
       or not 0 <= length_penalty <= MAX_LENGTH_PENALTY):
     raise InputError(f"length_penalty={length_penalty!r} must be a number in [0, "
                      f"{MAX_LENGTH_PENALTY}] (GNMT's α is 0.6–1; 0: rank by log P alone)")
-  ids, lengths, source_tokens = encode(run, texts)
+  ids, lengths, source_tokens = encode_texts(run, texts)
   max_len = run.extras["max_target_length"] + 1      # the target and its EOS
   if beam_size == 1:
     tokens, weights = greedy_decode(run.model, run.params, ids, lengths, bos_id=BOS,
