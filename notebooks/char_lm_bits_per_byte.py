@@ -150,3 +150,54 @@ display(Image(figure_png(fig)))
 for kind in MODELS:
   samples = read(kind, "samples.txt").split("# ---- sample ")
   print(f"==== {kind}\n" + samples[1].split("\n", 1)[1])
+
+# %% [markdown]
+# ## Restore a run and ask it something new
+# `research.training.restore` loads the model with the lowest test bits per byte back from
+# its directory (config, model, the parameters of its last checkpoint), and
+# `research.predict` asks it for samples of a prompt of our own at two temperatures (the
+# same random draws at both, so what differs is the temperature's doing). Then it scores
+# texts typed here, each read as a whole file: a function and an English sentence, and
+# the bits of each byte of the function. Beside it, `zlib -9` on the same bytes, whose
+# header and empty dictionary cost it most on texts this short.
+
+# %%
+import zlib
+
+import numpy as np
+
+from research import predict, training
+
+best = min(MODELS, key=lambda kind: results[kind]["test/bits_per_byte"])
+restored = training.restore(os.path.join(workdir, best))
+PROMPT = "import "
+for temperature in (0.5, 1.0):
+  for sample in predict.sample(restored, PROMPT, length=restored.config.sample.length,
+                               temperature=temperature, num_samples=2):
+    print(f"==== {best}, temperature {temperature}\n{PROMPT}"
+          + sample.decode("utf-8", errors="replace"))
+
+# %%
+TEXTS = {
+    "a function": 'def mean(values):\n    """The mean of a sequence."""\n'
+                  "    return sum(values) / len(values)\n",
+    "an English sentence": "The quick brown fox jumps over the lazy dog, then sleeps.\n",
+}
+bits = {name: predict.byte_bits(restored, text) for name, text in TEXTS.items()}
+lines = [f"| text | bytes | {best} bits / byte | `zlib` (-9) bits / byte |", "|---|---|---|---|"]
+for name, text in TEXTS.items():
+  data = text.encode()
+  lines.append(f"| {name} | {len(data)} | {bits[name].mean():.3f} | "
+               f"{8 * len(zlib.compress(data, 9)) / len(data):.3f} |")
+display(Markdown("\n".join(lines)))
+
+fig, ax = plt.subplots(figsize=(12, 3))
+function = TEXTS["a function"].encode()
+ax.bar(np.arange(len(function)), bits["a function"])
+ax.set_xticks(np.arange(len(function)),
+              [chr(b) if chr(b).isprintable() else "⏎" for b in function], fontsize=7)
+ax.set_xlim(-1, len(function))
+ax.set_ylabel("bits")
+ax.set_title(f"{best}: −log2 p of each byte of the function")
+fig.tight_layout()
+display(Image(figure_png(fig)))

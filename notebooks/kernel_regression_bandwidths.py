@@ -104,3 +104,46 @@ for kernel in SMOOTHING_KERNELS:
   oracle = mean[f"test/mse_{kernel}_oracle"]
   print(f"{kernel:9s} learned / oracle {mean[f'test/mse_{kernel}_learned'] / oracle:.2f}   "
         f"loo / oracle {mean[f'test/mse_{kernel}_loo'] / oracle:.2f}")
+
+# %% [markdown]
+# ## Restore a run and ask it something new
+# `research.training.restore` loads the seed-0 run back from its directory (config, model,
+# the learned bandwidths of its last checkpoint), and `research.predict.regress` estimates
+# at 400 points between the training points, with each estimate's weights over them.
+# Left: each kernel's estimate (learned h) over the training points and the true f.
+# Right: the weights of one query point over the training points.
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+
+from research import predict, training
+from research.data.regression_1d import true_function
+from research.training.plots import figure_png
+
+restored = training.restore(run)
+x_train, y_train = restored.extras["x_train"], restored.extras["y_train"]
+grid = np.linspace(x_train.min(), x_train.max(), 400)
+fits = predict.regress(restored, grid)
+query = len(grid) // 2
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+left.scatter(x_train, y_train, color="gray", s=12, label="training points")
+left.plot(grid, true_function(grid), color="black", linestyle=":", label="true f")
+for kernel, fit in fits.items():
+  left.plot(grid, fit.estimates, label=f"{kernel} (h = {fit.bandwidth:.3f})")
+  right.plot(x_train, fit.weights[query], marker=".", label=kernel)
+right.axvline(grid[query], color="gray", linestyle=":", label=f"query x = {grid[query]:.2f}")
+left.set_xlabel("x")
+left.set_title("estimates between the training points")
+left.legend(fontsize="small")
+right.set_xlabel("training point x_i")
+right.set_ylabel("weight α(x, x_i)")
+right.set_title("one query's weights")
+right.legend(fontsize="small")
+fig.tight_layout()
+lines = ["| kernel | learned h | f̂(query) | f(query) | training points with weight > 0 |",
+         "|---|---|---|---|---|"]
+lines += [f"| {kernel} | {fit.bandwidth:.3f} | {fit.estimates[query]:.3f} | "
+          f"{true_function(grid[query]):.3f} | {np.count_nonzero(fit.weights[query])} |"
+          for kernel, fit in fits.items()]
+display(Markdown("\n".join(lines)), Image(figure_png(fig)))

@@ -128,3 +128,56 @@ ax.set_ylabel("validation accuracy (%)")
 ax.legend(fontsize="small", ncol=2)
 fig.tight_layout()
 display(Image(figure_png(fig)))
+
+# %% [markdown]
+# ## Restore a run and ask it something new
+# `research.training.restore` loads the full-attention run back from its directory
+# (config, model, the parameters of its last checkpoint). We draw fresh expressions with
+# the data's own generator (`research.data.listops`, the run's tree lengths) under another
+# seed than the run's, keep those the model takes whole (at most `data.max_length` tokens;
+# training truncates longer ones), and `research.predict.classify` them: the accuracy per
+# operator at the root of the tree.
+
+# %%
+import numpy as np
+
+from research import predict, training
+from research.data import listops
+
+restored = training.restore(os.path.join(workdir, point_name(points[names.index("full")])))
+d = restored.config.data
+drawn = listops.draw_split_trees(d.seed + 1, (32 if QUICK else 500,),
+                                 (d.min_tree_length, d.max_tree_length))[0]
+trees = [t for t in drawn
+         if len(listops.tokenize(listops.to_source(t), d.brackets)) <= d.max_length]
+sources = [listops.to_source(t) for t in trees]
+values = np.array([listops.evaluate(t) for t in trees])
+result = predict.classify(restored, sources, attention=False)
+roots = np.array([operator for operator, _ in trees])
+lines = [f"{len(trees)} fresh expressions (seed {d.seed + 1}), `{restored.config.model.attention}` "
+         f"attention, step {restored.step}:", "", "| root operator | expressions | accuracy |",
+         "|---|---|---|"]
+for operator in listops.OPERATORS:
+  chosen = roots == operator
+  accuracy = f"{np.mean(result.labels[chosen] == values[chosen]):.2%}" if chosen.any() else "—"
+  lines.append(f"| `{operator[1:]}` | {chosen.sum()} | {accuracy} |")
+lines.append(f"| all | {len(trees)} | {np.mean(result.labels == values):.2%} |")
+display(Markdown("\n".join(lines)))
+
+# %% [markdown]
+# One tree's attention: the shortest fresh expression, the weights of the first layer
+# averaged over its heads (row: the query position, column: the key; with CLS pooling,
+# position 0 is the CLS vector and token t sits at t + 1).
+
+# %%
+shortest = int(np.argmin(result.lengths))
+one = predict.classify(restored, [sources[shortest]])
+size = one.lengths[0] + (restored.config.model.pooling == "cls")
+fig, ax = plt.subplots(figsize=(5.5, 5))
+image = ax.imshow(one.attention[0][0].mean(0)[:size, :size], cmap="viridis")
+fig.colorbar(image, ax=ax)
+ax.set_xlabel("key position")
+ax.set_ylabel("query position")
+ax.set_title(f"{one.lengths[0]} tokens, value {values[shortest]}, predicted {one.labels[0]}")
+fig.tight_layout()
+display(Image(figure_png(fig)))

@@ -112,3 +112,46 @@ with open(os.path.join(workdir, "attention=additive", "predictions.tsv"), encodi
   print("".join(f.readlines()[:8]))
 print(json.dumps({k: round(v, 4) for k, v in results["Bahdanau additive"].items()
                   if k.startswith("test/exact")}, indent=1))
+
+# %% [markdown]
+# ## Restore a run and ask it something new
+# `research.training.restore` loads the Bahdanau run back from its directory: its config,
+# model and the parameters of its last checkpoint. `research.predict.translate` then reads
+# dates typed here, which need not be in any split, decoding greedily and with the run's
+# beam search (`decode.beam_size`, GNMT's length penalty; the score is log P / lp).
+# A text with a character the run's vocabulary lacks is refused, naming the character.
+
+# %%
+import matplotlib.pyplot as plt
+
+from research import predict, training
+from research.training.plots import figure_png
+
+restored = training.restore(os.path.join(workdir, VARIANTS["Bahdanau additive"]))
+DATES = ["14 janvier 2024", "2024年1月14日", "Sunday, January 14, 2024"]
+greedy = predict.translate(restored, DATES)
+beam = predict.translate(restored, DATES, beam_size=restored.config.decode.beam_size,
+                         length_penalty=restored.config.decode.length_penalty)
+rows = ["| typed | greedy | beam | beam score |", "|---|---|---|---|"]
+rows += [f"| {text} | {g or '(none)'} | {b or '(none)'} | {score:.3f} |"
+         for text, g, b, score in zip(DATES, greedy.outputs, beam.outputs, beam.scores)]
+display(Markdown(f"Step {restored.step}, beam size {restored.config.decode.beam_size}:\n\n"
+                 + "\n".join(rows)))
+
+# %% [markdown]
+# The attention of the first date: each row an output character (its EOS last), each column
+# a source character. For beam search the weights are the model's teacher-forced pass over
+# the hypothesis it chose. (Matplotlib's default font has no CJK glyphs, so the map is of
+# the French date.)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+for ax, (title, result) in zip(axes, (("greedy", greedy), ("beam", beam))):
+  ax.imshow(result.attention[0], cmap="viridis", vmin=0, vmax=1)
+  ax.set_xticks(range(len(result.source_tokens[0])), result.source_tokens[0])
+  ax.set_yticks(range(len(result.output_tokens[0])), result.output_tokens[0])
+  ax.set_xlabel("source")
+  ax.set_ylabel("output")
+  ax.set_title(f"{title}: {DATES[0]!r} → {result.outputs[0]!r}")
+fig.tight_layout()
+display(Image(figure_png(fig)))

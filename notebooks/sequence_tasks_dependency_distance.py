@@ -119,3 +119,44 @@ right.set_title(f"learning curves at T = {LENGTHS[-1]}")
 fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(MODELS) + 1)
 fig.tight_layout(rect=(0, 0.07, 1, 1))
 display(Image(figure_png(fig)))
+
+# %% [markdown]
+# ## Restore a run and ask it something new
+# `research.training.restore` loads each model's run at the longest T back from its
+# directory (config, model, the parameters of its last checkpoint), and
+# `research.predict.predict_sequences` answers fresh adding problems, drawn with the data's
+# own generator (`research.data.sequence_tasks.adding_problem`) under a seed of our own.
+# Their MSE (and accuracy) should match the run's validation figures; the absolute error by
+# how far back the first marker is (T minus its position; the second marker is always in
+# the last half) shows where a model fails: one that forgets fails on the far ones first.
+
+# %%
+import numpy as np
+
+from research import predict, training
+from research.data.sequence_tasks import adding_problem
+from research.experiments.sequence_tasks import ADDING_TOLERANCE
+
+T = LENGTHS[-1]
+problems = adding_problem(np.random.default_rng(2024), 128 if QUICK else 2000, length=T)
+distance = T - problems["inputs"][:, :, 1].argmax(1)            # the first marker's distance
+fig, ax = plt.subplots(figsize=(7, 4))
+lines = ["| model | fresh problems: MSE (accuracy) | validation: MSE (accuracy) |",
+         "|---|---|---|"]
+for kind in MODELS:
+  point = next(p for p in points if p["model.kind"] == kind and p["data.length"] == T)
+  restored = training.restore(os.path.join(workdir, point_name(point)))
+  error = np.abs(predict.predict_sequences(restored, problems["inputs"]).predictions
+                 - problems["targets"])
+  lines.append(f"| {kind} | {np.mean(error**2):.4f} ({np.mean(error < ADDING_TOLERANCE):.2f}) | "
+               f"{result[kind, T]['eval/mse']:.4f} ({result[kind, T]['eval/accuracy']:.2f}) |")
+  by_distance = sorted(set(distance))
+  ax.plot(by_distance, [error[distance == k].mean() for k in by_distance], marker=".", label=kind)
+ax.set_xlabel("steps from the first marker to the end")
+ax.set_ylabel("mean absolute error")
+ax.set_yscale("log")
+ax.set_title(f"{len(distance)} fresh adding problems, T = {T}")
+ax.legend(fontsize="small", ncol=2)
+fig.tight_layout()
+display(Markdown("\n".join(lines)))
+display(Image(figure_png(fig)))
