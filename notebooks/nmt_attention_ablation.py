@@ -73,7 +73,7 @@ if QUICK:   # CI: two variants, enough for every cell below
 # ## Train every variant
 # Each call trains, evaluates on the validation split, then decodes the test split
 # greedily and with beam search. The results also land in each run's directory
-# (`metrics.jsonl`, `predictions.tsv`, attention heatmaps); the progress lines stay there.
+# (`metrics.jsonl`, `predictions.tsv`, attention heatmaps); each shows a progress bar here.
 
 # %%
 results = {name: notebook.train(apply_overrides(experiment.get_config(variant), SIZE),
