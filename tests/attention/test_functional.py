@@ -88,7 +88,7 @@ def test_matches_jax_nn(case):
                                  block_size=case["block_size"])
 
   seen = _visible_rows(b, heads, q_len, kv_len, case["is_causal"], window, mask)
-  out = ours(q, k, v, bias)
+  out = jax.jit(ours)(q, k, v, bias)
   assert out.dtype == case["dtype"]
   # the reference runs in float32 on the same (possibly bfloat16-rounded) inputs
   expected = reference(*(x.astype(jnp.float32) for x in (q, k, v)), bias)
@@ -102,8 +102,8 @@ def test_matches_jax_nn(case):
     cotangent = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
     argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
     loss = lambda fn: lambda *a: jnp.vdot(fn(*a), cotangent)
-    grads = jax.grad(loss(ours), argnums)(q, k, v, bias)
-    expected_grads = jax.grad(loss(reference), argnums)(q, k, v, bias)
+    grads = jax.jit(jax.grad(loss(ours), argnums))(q, k, v, bias)
+    expected_grads = jax.jit(jax.grad(loss(reference), argnums))(q, k, v, bias)
     for g, e in zip(grads, expected_grads):
       np.testing.assert_allclose(g, e, atol=1e-4)
 

@@ -16,6 +16,8 @@ from research.predict.char_lm import bits_per_byte, byte_bits, sample
 
 from . import trained
 
+pytestmark = pytest.mark.xdist_group("predict_char_lm")   # one worker: its trained fixtures run once
+
 TINY = {"train.num_steps": 2, "train.batch_size": 4, "train.warmup_steps": 0,
         "train.log_every": 1, "train.eval_every": 2, "train.checkpoint_every": 2,
         "data.context": 16, "data.eval_windows": 4, "data.test_bytes": 100,

@@ -15,6 +15,8 @@ from research.predict.listops import classify, encode_expressions
 
 from . import trained
 
+pytestmark = pytest.mark.xdist_group("predict_listops")   # one worker: its trained fixtures run once
+
 TINY = {"data.min_tree_length": 8, "data.max_tree_length": 60, "data.train_examples": 16,
         "data.eval_examples": 8, "data.test_examples": 8, "data.max_length": 64,
         "data.length_buckets": 1, "model.num_layers": 2, "model.hidden_size": 8,

@@ -20,6 +20,8 @@ from research.training import Run
 
 from . import trained
 
+pytestmark = pytest.mark.xdist_group("predict_nmt_dates")   # one worker: its trained fixtures run once
+
 LOCALES = ("fr", "en", "zh")
 TINY = {"data.train_examples": 32, "data.eval_examples": 16, "data.test_examples": 16,
         "data.locales": ",".join(LOCALES), "model.kind": "rnn", "model.bidirectional": False,

@@ -69,10 +69,10 @@ def test_gradients_match_autodiff_of_the_recurrence(complex_state, reverse, para
     return as_complex(h), as_complex(last)
 
   # complex inputs: JAX's gradient of a real loss is ∂L/∂re − i ∂L/∂im, ours (re, im) pairs
-  grads_ours = jax.grad(lambda *v: loss(ours)(*map(as_complex, v)), argnums=(0, 1, 2))(
+  grads_ours = jax.jit(jax.grad(lambda *v: loss(ours)(*map(as_complex, v)), argnums=(0, 1, 2)))(
       *map(as_ours, (a, b, h0)))
-  grads_ref = jax.grad(loss(lambda a, b, h0: reference(a, b, h0, reverse)),
-                       argnums=(0, 1, 2))(*map(jnp.asarray, (a, b, h0)))
+  grads_ref = jax.jit(jax.grad(loss(lambda a, b, h0: reference(a, b, h0, reverse)),
+                               argnums=(0, 1, 2)))(*map(jnp.asarray, (a, b, h0)))
   for name, got, want in zip(("a", "b", "h0"), grads_ours, grads_ref):
     want = (np.real(want), -np.imag(want)) if complex_state else (want,)
     got = got if complex_state else (got,)

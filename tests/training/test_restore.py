@@ -34,6 +34,8 @@ sys.path.insert(0, os.path.join(tiny.ROOT, "experiments"))
 import kernel_regression  # noqa: E402
 import nmt_dates  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("restore")   # one worker: its trained fixtures run once
+
 KERNEL_REGRESSION = {"train.num_steps": 4, "train.log_every": 2, "train.eval_every": 2,
                      "train.checkpoint_every": 2}
 

@@ -137,6 +137,7 @@ def _latest_checkpoint(workdir: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("thread_failures")          # on one worker: the fixture runs once
 @pytest.mark.parametrize("case", CASES)
 def test_a_failure_outside_the_main_thread_ends_the_run_in_one_line_with_status_1(runs, case):
   status, lines, stdout, workdir = runs[case]
