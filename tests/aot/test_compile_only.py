@@ -41,8 +41,12 @@ CONFIGS = {
 TARGETS = ("tpu-v5e-1", "tpu-v4-8", "h100")
 LRA_LAYERS = 1
 LRA_CASES = {("listops_lra_bf16", "tpu-v5e-1"), ("listops_lra_bf16", "h100")}
+# The char_lm transformer's splash kernel compiles for the v4-8 (and ListOps' for the v5e):
+# a second TPU compile of it (30 s) would check nothing more.
+SKIPPED = {("char_lm_transformer", "tpu-v5e-1")}
 CASES = [(name, target) for name in CONFIGS for target in TARGETS
-         if not name.startswith("listops") or (name, target) in LRA_CASES]
+         if (not name.startswith("listops") or (name, target) in LRA_CASES)
+         and (name, target) not in SKIPPED]
 
 
 def _config(name: str):

@@ -73,10 +73,8 @@ def test_user_corpus_is_split_and_its_vocabulary_saved(tmp_path):
   assert sizes == {"train": 180, "validation": 10, "test": 10}
   assert data.source_vocab.tokens[4] == "apples"       # the most frequent word
   assert "extra" not in data.target_vocab.tokens
-  workdir = tmp_path / "run"
-  train_and_evaluate(config, str(workdir), experiments.get("nmt_dates"))
-  saved = Vocabulary.load(workdir / "target_vocab.json")
-  assert saved.tokens == data.target_vocab.tokens
+  saved = nmt_dates.run_files(data)     # what a run writes (a run restores from them: test_restore)
+  assert Vocabulary.from_json(saved[nmt_dates.TARGET_VOCAB]).tokens == data.target_vocab.tokens
 
 
 def test_a_corpus_too_small_for_its_splits_is_named(tmp_path):

@@ -26,7 +26,7 @@ TINY = {"train.num_steps": 2, "train.batch_size": 4, "train.warmup_steps": 0,
 TEXT = "def f(x):\n  return 'é' * x\n\n\nprint(f(3))\n"       # 42 bytes: 3 chunks of 16
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def runs(tmp_path_factory):
   """(restored run, the same with the parameters the loop ended with) of a GRU trained on a
   library of 60 small modules."""
@@ -112,7 +112,7 @@ def test_a_transformer_scores_in_windows_as_the_experiments_evaluation():
 
 # ---- Refusals, on a run built without data or parameters ------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def untrained():
   return trained.untrained(trained.config("char_lm", "model=gru", TINY))
 

@@ -38,13 +38,13 @@ def tiny_config(data_dir: str):
   return trained.config("listops", "preset=cpu", {**TINY, "data.dir": data_dir})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def untrained():
   """A run of the tiny config, untrained and unwritten (its data never generated)."""
   return trained.untrained(tiny_config("unused"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def runs(tmp_path_factory):
   """(restored run, the same with the parameters the loop ended with)."""
   root = tmp_path_factory.mktemp("listops")

@@ -34,7 +34,7 @@ def tiny_config():
   return trained.config("nmt_dates", None, TINY)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def runs(tmp_path_factory):
   """(restored run, the same with the parameters the loop ended with, three of its training
   sources: texts inside its vocabulary)."""
@@ -152,7 +152,7 @@ FILES = {"source_vocab.json": VOCABULARY.to_json(), "target_vocab.json": VOCABUL
          "lengths.json": json.dumps({"max_source_length": 16, "max_target_length": 10})}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def untrained():
   """An nmt_dates Run of the tiny config over FILES, neither trained nor written."""
   config = tiny_config()

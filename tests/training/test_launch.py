@@ -54,7 +54,7 @@ def _command(case: str, directory: str) -> list[str]:
           f"--workdir={os.path.join(directory, 'run')}", *flags]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def invalid_runs(tmp_path_factory):
   """Every invalid case at once (they only parse and validate), with compile logging on."""
   env = {**tiny.environment(devices=8), "JAX_LOG_COMPILES": "1"}

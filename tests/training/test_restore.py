@@ -76,7 +76,7 @@ def _predictions(run, params=None):
   return np.stack([np.asarray(outputs[k]) for k in sorted(outputs)])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def trained(tmp_path_factory):
   """(workdir, final metrics, the parameters the loop ended with) of a kernel_regression run
   of 2 steps resumed to 4 (checkpoints at 2 and 4)."""
@@ -261,7 +261,7 @@ def test_restore_refuses_a_workdir_without_a_run_to_restore_and_writes_nothing(
   assert tiny.files_under(str(tmp_path)) == before
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def nmt_workdir(tmp_path_factory):
   """(workdir, config, workload, the parameters saved at step 7) of an nmt_dates run in
   bfloat16, its workdir as the loop writes one: config.json, the run's files, a checkpoint

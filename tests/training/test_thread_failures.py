@@ -109,7 +109,7 @@ def _run_cases(directory: str) -> None:
     json.dump(statuses, f)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def runs(tmp_path_factory):
   """{case: (exit status, stderr lines but the progress lines, stdout, workdir)}."""
   directory = str(tmp_path_factory.mktemp("thread_failures"))

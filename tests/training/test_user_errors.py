@@ -185,7 +185,7 @@ def _cases(paths: dict, root: str) -> dict:
   }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def runs(tmp_path_factory):
   """Every case, then the char_lm command corrected into the workdir its refusal used."""
   root = str(tmp_path_factory.mktemp("user_errors"))
@@ -197,6 +197,7 @@ def runs(tmp_path_factory):
   commands["char_lm corrected"] = [*CHAR_LM, f"--config.data.stdlib={root}/fixed_library",
                                    f"--workdir={corrected}"]
   commands["char_lm export"] = [f"--workdir={corrected}", "--export"]
+  commands["char_lm eval_only"] = [f"--workdir={corrected}", "--eval_only"]
   sweep, point = os.path.join(root, "runs", "good_sweep"), "model.kind=gru"
   commands["sweep"] = [f"--config={paths['sweep']}/good.py", *tiny.launch_command("")[3:],
                        "--sweep", f"--workdir={sweep}"]
@@ -241,6 +242,20 @@ def test_the_corrected_run_exports_into_a_directory_of_its_own(runs):
   assert sorted(os.listdir(directory)) == ["inference.jax_exported", "metadata.json",
                                            "params.safetensors"]
   assert not [name for name in os.listdir(corrected) if name.startswith(".export")]
+
+
+def test_the_corrected_run_evaluates_again_into_a_file_of_its_own(runs):
+  """launch.py --eval_only reproduces the run's last evaluation and test metrics."""
+  _, _, results, corrected, _ = runs
+  status, stdout, stderr = results["char_lm eval_only"]
+  assert status == 0, stderr[-3000:]
+  path = os.path.join(corrected, "eval_step_2.json")
+  assert stdout.splitlines()[-1] == f"eval metrics: {path}"
+  with open(path) as f, open(os.path.join(corrected, "final_metrics.json")) as g:
+    evaluated, final = json.load(f), json.load(g)
+  measured = lambda metrics: {k: v for k, v in metrics.items() if k.startswith(("eval/", "test/"))}
+  assert evaluated["step"] == 2 and measured(final)            # beside them, perf/test_seconds
+  assert measured(evaluated) == pytest.approx(measured(final), rel=1e-6, abs=1e-7)
 
 
 def test_a_sweep_point_whose_final_metrics_were_cut_is_trained_again(runs):
