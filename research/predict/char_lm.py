@@ -42,7 +42,7 @@ from research.errors import InputError, excerpt
 from research.experiments.char_lm import window_losses
 from research.models import language_model
 from research.models.kinds import BLOCK_KINDS
-from research.predict.runs import check_experiment
+from research.predict.runs import check_experiment, is_int
 from research.predict.static import ByIdentity
 
 Array = jax.Array
@@ -55,16 +55,16 @@ def sample(run, prompt: str | bytes, *, length: int, temperature: float = 1.0, t
   check_experiment(run, "char_lm", "sample")
   data = _bytes(prompt, "prompt")
   for name, value in (("length", length), ("num_samples", num_samples)):
-    if not _is_int(value) or value < 1:
+    if not is_int(value) or value < 1:
       raise InputError(f"{name}={value!r} must be an int >= 1")
   if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
       or not math.isfinite(temperature) or temperature < 0):
     raise InputError(f"temperature={temperature!r} must be a number >= 0 (0: the most likely "
                      "byte)")
-  if not _is_int(top_k) or not 0 <= top_k <= language_model.VOCAB_SIZE:
+  if not is_int(top_k) or not 0 <= top_k <= language_model.VOCAB_SIZE:
     raise InputError(f"top_k={top_k!r} must be an int in 0 … {language_model.VOCAB_SIZE} "
                      "(0: every byte)")
-  if not _is_int(seed):
+  if not is_int(seed):
     raise InputError(f"seed={seed!r} must be an int")
   prompts = np.tile(_tokens(data), (int(num_samples), 1))
   drawn = _sample(ByIdentity(run.model), run.params, prompts, jax.random.key(int(seed)),
@@ -95,10 +95,6 @@ def bits_per_byte(run, text: str | bytes) -> float:
   InputError for what the module docstring refuses."""
   check_experiment(run, "char_lm", "bits_per_byte")
   return float(byte_bits(run, text).mean())
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _bytes(value: str | bytes, name: str) -> bytes:

@@ -36,7 +36,7 @@ import numpy as np
 from research.data.text import BOS, EOS, detokenize, tokenize
 from research.errors import InputError, excerpt
 from research.models.decoding import beam_search, greedy_decode
-from research.predict.runs import check_experiment
+from research.predict.runs import check_experiment, is_int
 
 Array = jax.Array
 MAX_LENGTH_PENALTY = 10      # as config.decode.length_penalty: a larger α overflows lp(Y)
@@ -104,7 +104,7 @@ def translate(run, texts: Sequence[str], *, beam_size: int = 1,
   InputError for what the module docstring refuses.
   """
   check_experiment(run, "nmt_dates", "translate")
-  if not _is_int(beam_size) or beam_size < 1:
+  if not is_int(beam_size) or beam_size < 1:
     raise InputError(f"beam_size={beam_size!r} must be an int >= 1 (1: greedy decoding)")
   if (not isinstance(length_penalty, numbers.Real) or isinstance(length_penalty, bool)
       or not 0 <= length_penalty <= MAX_LENGTH_PENALTY):
@@ -131,10 +131,6 @@ def translate(run, texts: Sequence[str], *, beam_size: int = 1,
     output_tokens.append([target_vocab.tokens[i] for i in decoded[:count]])
     attention.append(weights[row, :count, :len(source)])
   return Translations(list(texts), outputs, source_tokens, output_tokens, attention, scores)
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "max_len"))

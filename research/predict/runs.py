@@ -1,4 +1,6 @@
-"""What every predictor checks of the run it is handed."""
+"""What every predictor checks of the run and the settings it is handed."""
+
+import numbers
 
 from research.errors import InputError
 
@@ -9,3 +11,8 @@ def check_experiment(run, experiment: str, function: str) -> None:
   if run.config.experiment != experiment:
     raise InputError(f"{function} answers {experiment} runs; the run in {run.workdir} is a "
                      f"{run.config.experiment} run")
+
+
+def is_int(value) -> bool:
+  """Whether a setting is an int (a bool is not)."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -198,10 +198,16 @@ def _attempt(read, *args, **kwargs):
     return None, error
 
 
+def leaves_by_path(tree) -> dict[str, Any]:
+  """{'params/encoder/kernel': leaf, ...}: each leaf of a pytree (or an Orbax metadata tree)
+  named by its path, the keys joined by '/'."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {"/".join(_key_name(k) for k in path): leaf for path, leaf in leaves}
+
+
 def _shapes(tree) -> dict[str, tuple]:
   """{'params/encoder/kernel': shape, ...} of a state pytree or its Orbax metadata tree."""
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {"/".join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+  return {path: tuple(leaf.shape) for path, leaf in leaves_by_path(tree).items()}
 
 
 def _key_name(key) -> str:

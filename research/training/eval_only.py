@@ -24,11 +24,9 @@ import jax
 
 from research import files
 from research.training import parallel
-from research.training.compile import CompiledPerShape, compile_checked, memory_bytes
 from research.training.config import base_config
-from research.training.loop import evaluate_batches, validate
+from research.training.loop import compiled_eval_step, device_checked, evaluate_batches, validate
 from research.training.run import restore
-from research.training.train_step import make_eval_step
 
 FILE = "eval_step_{step}.json"
 
@@ -43,14 +41,10 @@ def evaluate_checkpoint(workdir: str, step: int | None = None) -> tuple[str, dic
   validate(config, run.experiment)
   workload = run.experiment.build(config)
   strategy = parallel.make_strategy(config.train.parallelism)
-  device = jax.local_devices()[0]
   shapes = strategy.abstract_state(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                                 run.params))
-  eval_fn = make_eval_step(workload, strategy.axis_name)
-  eval_step = CompiledPerShape(lambda b: compile_checked(
-      "eval", lambda: strategy.compile_eval(eval_fn, shapes, strategy.abstract_batch(b)),
-      limit=memory_bytes(device), where=f"a {device.platform} device ({device.device_kind})",
-      batch_size=config.train.batch_size))
+  eval_step = compiled_eval_step(workload, strategy, shapes,
+                                 device_checked(config.train.batch_size))
   metrics = {"step": run.step, **evaluate_batches(eval_step, strategy,
                                                   strategy.put_state(run.params),
                                                   workload.eval_data)}

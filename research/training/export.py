@@ -64,6 +64,7 @@ from safetensors.numpy import save_file
 
 from research.attention.platforms import UNSTABLE_CUSTOM_CALLS, export_checks_to_disable
 from research.errors import ConfigError, WorkdirError
+from research.training.checkpoints import leaves_by_path
 from research.training.run import restore
 
 DIRECTORY = "export_step_{step}"
@@ -178,9 +179,7 @@ def _program(program: Program) -> dict:
 
 def named_parameters(params) -> dict[str, np.ndarray]:
   """{"encoder/embed/embedding": array} of a parameter tree: each leaf named by its path."""
-  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-  return {"/".join(str(getattr(key, "key", getattr(key, "idx", key))) for key in path):
-          np.asarray(leaf, order="C") for path, leaf in leaves}
+  return {path: np.asarray(leaf, order="C") for path, leaf in leaves_by_path(params).items()}
 
 
 def _output_names(exported) -> list[str]:

@@ -43,6 +43,7 @@ from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints, saved_steps
 from research.training.compile import (
   CompiledPerShape,
+  CompiledStep,
   compile_checked,
   memory_bytes,
   refusals_as_config_errors,
@@ -146,9 +147,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
   optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
   # after a data file's error (no compile before it): keys made on first use
   keys = functools.cache(lambda: jax.random.split(root_key(config.seed, device.platform)))
-  checked = functools.partial(compile_checked, limit=memory_bytes(device),
-                              where=f"a {device.platform} device ({device.device_kind})",
-                              batch_size=train.batch_size)
+  checked = device_checked(train.batch_size)
   traces = []
 
   def steps(workload):
@@ -165,9 +164,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
 
     return (CompiledPerShape(lambda b: checked("train", lambda: strategy.compile_step(
                 traced_step, shapes, strategy.abstract_batch(b)))),
-            CompiledPerShape(lambda b: checked("eval", lambda: strategy.compile_eval(
-                make_eval_step(workload, strategy.axis_name), shapes.params,
-                strategy.abstract_batch(b)))))
+            compiled_eval_step(workload, strategy, shapes.params, checked))
 
   if experiment.generates_data is not None and experiment.generates_data(config):
     largest = experiment.build_shapes(config)   # the largest step, before making the data
@@ -270,6 +267,22 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
                                      for name in (LOSS_PLOT, *heatmaps)})
   wandb_run.summary(final)
   return final
+
+
+def device_checked(batch_size: int) -> Callable[..., CompiledStep]:
+  """compile_checked against the memory of this process's first device (config.train's
+  batch_size named in the hint)."""
+  device = jax.local_devices()[0]
+  return functools.partial(compile_checked, limit=memory_bytes(device),
+                           where=f"a {device.platform} device ({device.device_kind})",
+                           batch_size=batch_size)
+
+
+def compiled_eval_step(workload, strategy, params_shapes, checked) -> CompiledPerShape:
+  """The workload's evaluation step for params of `params_shapes` (placed by the strategy),
+  compiled per batch shape on first sight with `checked` (device_checked)."""
+  return CompiledPerShape(lambda b: checked("eval", lambda: strategy.compile_eval(
+      make_eval_step(workload, strategy.axis_name), params_shapes, strategy.abstract_batch(b))))
 
 
 def evaluate_batches(eval_step: CompiledPerShape, strategy, params, batches: list) -> dict:
