@@ -26,6 +26,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.eval_every = 500
   config.train.checkpoint_every = 500
   config.train.keep_checkpoints = 3
+  # "FIRST,LAST": a jax.profiler trace of those steps in <workdir>/profile (training/profiling.py)
+  config.train.profile_steps = ""
 
   # Several processes (hosts) as one run; see research/training/distributed.py.
   config.distributed = ml_collections.ConfigDict()

@@ -38,7 +38,15 @@ import numpy as np
 
 from research import files
 from research.errors import ConfigError, RunFailed, WorkdirError
-from research.training import parallel, plots, provenance, thread_failures, wandb_writer
+from research.training import (
+  compilation_cache,
+  parallel,
+  plots,
+  profiling,
+  provenance,
+  thread_failures,
+  wandb_writer,
+)
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints, saved_steps
 from research.training.compile import (
@@ -69,7 +77,7 @@ from research.training.validation import check_devices, check_shared
 
 # Keys a rerun may change and still resume the workdir's run (more steps, other hosts).
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
-                  "train.checkpoint_every", "train.keep_checkpoints",
+                  "train.checkpoint_every", "train.keep_checkpoints", "train.profile_steps",
                   "distributed.coordinator_address", "distributed.num_processes",
                   "distributed.process_id", "wandb.mode", "wandb.project", "wandb.entity",
                   "wandb.name")
@@ -128,7 +136,8 @@ def train(config, workdir: str, experiment: Experiment,
   """
   with workdirs.hold(workdir) as lease, wandb_writer.WandbRun(config.wandb, workdir) as wandb_run:
     workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT),
-                           directories=(CHECKPOINTS, TENSORBOARD, wandb_writer.DIRECTORY))
+                           directories=(CHECKPOINTS, TENSORBOARD, wandb_writer.DIRECTORY,
+                                        profiling.DIRECTORY))
     taking_over = check_config(config, workdir)
     if on_start is not None:
       lease.on_start(on_start)
@@ -139,7 +148,7 @@ def train(config, workdir: str, experiment: Experiment,
 
 def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
            wandb_run: wandb_writer.WandbRun) -> dict:
-  train, started = config.train, time.perf_counter()
+  train, started, cache_hits = config.train, time.perf_counter(), compilation_cache.hits()
 
   # ---- Workload, optimizer, the steps compiled from shapes (refusals before anything runs) ---
   strategy = parallel.make_strategy(train.parallelism)
@@ -203,12 +212,15 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
 
   # ---- Loop -----------------------------------------------------------------------------
   progress, rates, pending = Progress(train.num_steps, start), [], []
-  with _closing(checkpoints, progress, writer), _stop_signals() as stop:
+  with (_closing(checkpoints, progress, writer), _stop_signals() as stop,
+        profiling.Profiler(train.profile_steps, workdir) as profiler):
     try:
       for step in range(start + 1, train.num_steps + 1):
-        if step > start + 1:
-          host_batch = next(workload.train_data)
-        state, metrics = train_step.compile(host_batch)(state, strategy.put_batch(host_batch))
+        with profiler.step(step):
+          if step > start + 1:
+            host_batch = next(workload.train_data)
+          state, metrics = train_step.compile(host_batch)(state, strategy.put_batch(host_batch))
+        profiler.after(step, state)
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
         stopping = stop.signum   # read once: a signal arriving later in the step waits a step
@@ -256,6 +268,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
     with _writing(workdir):
       _write_report(report, workdir)
   final |= {"perf/compile_seconds": sum(train_step.seconds), "perf/train_step_traces": len(traces),
+            "perf/compile_cache_hits": compilation_cache.hits() - cache_hits,
             "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")]),
             "perf/step_memory_mib": train_step.memory_mib(), **_peak_memory_mib(),
             "perf/wall_seconds": time.perf_counter() - started}

@@ -13,7 +13,7 @@ import jax
 import ml_collections
 
 from research.errors import ConfigError
-from research.training import distributed, wandb_writer
+from research.training import distributed, profiling, wandb_writer
 from research.training.compile import host_memory_refusal
 from research.training.config import base_config
 from research.training.parallel import STRATEGIES
@@ -128,6 +128,7 @@ def check_shared(config) -> None:
   check_choice(config, "train.schedule", SCHEDULES)
   if not (isinstance(config.train.adam_b2, (int, float)) and 0 <= config.train.adam_b2 < 1):
     raise ConfigError(f"config.train.adam_b2={config.train.adam_b2!r} must be in [0, 1)")
+  profiling.check(config)
   distributed.check(config)
   check_choice(config, "wandb.mode", wandb_writer.MODES)
   wandb_writer.check_installed(config)
