@@ -2,10 +2,13 @@
 
     python3 project.py bench accelerator [--output runs/accelerator_report.md]
                                          [--artifacts DIR] [--suite]
+                                         [--sections suite,adding --limit 540]
 
-Runs, each as a subprocess with its own time limit (LIMITS: under 9 minutes in all on a
-GPU), and writes what each printed, its command and its wall time, the report rewritten
-after every section (a call cut short keeps what finished):
+Runs, each as a subprocess with its own time limit (LIMITS: under 10 minutes in all on a
+GPU, `--limit` for each chosen one), and writes what each printed, its command and its wall
+time, the report rewritten after every section (a call cut short keeps what finished).
+On an H200 (results/accelerator/h200.md) the whole suite needs about 10 minutes: give it a
+call of its own, `--sections=suite,adding --limit=540`. The sections (`--sections`):
 
   1. the attention table                   benchmarks/attention.py: on a GPU, bf16 causal /
                                            window 256 / window 256 + 16 global tokens /
@@ -57,7 +60,8 @@ with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 # Seconds each section may take (the main job: each dtype; the adding run beside the suite).
 LIMITS = {"tests": 60, "suite": 130, "attention": 140, "recurrent": 80, "linear": 40,
-          "main": 50, "profile": 60}
+          "main": 50, "profile": 120}
+SECTIONS = ("attention", "recurrent", "linear", "main", "profile", "suite", "adding")
 # The adding problem at T = 1000: the LRU with phases in [0, π/10), the restriction the
 # T = 100 probe found (results/exploratory/adding_100_phase), 2 bidirectional blocks.
 ADDING_1000 = ["--config=experiments/sequence_tasks.py:task=adding,length=1000",
@@ -205,6 +209,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--output", type=report_path,
                       default=os.path.join(ROOT, "runs", "accelerator_report.md"))
   parser.add_argument("--suite", action="store_true", help="run the whole suite on a CPU too")
+  parser.add_argument("--sections", type=cli.names_of(SECTIONS), default=",".join(SECTIONS),
+                      help="which sections to run (the adding run goes beside the suite)")
+  parser.add_argument("--limit", type=cli.positive_int, default=0,
+                      help="seconds each chosen section may take (default: LIMITS)")
   parser.add_argument("--artifacts", default="",
                       help="a directory for each section's whole output, the profile's trace "
                            "and the adding run's metrics (default: a temporary one)")
@@ -231,35 +239,46 @@ def main():
     print(part, flush=True)
 
   log = lambda name: os.path.join(artifacts, f"{name}.log")
-  lengths = ["--lengths=512,2048", "--repeats=2"] if cpu else []
-  write(section("Attention" + (" (CPU: lengths 512 and 2048 only)" if cpu else ""),
-                [sys.executable, "benchmarks/attention.py", *lengths], LIMITS["attention"],
-                log=log("attention")))
-  shapes = ["--shapes=base", "--repeats=3"] if cpu else ["--repeats=7"]
-  write(section("Recurrent layers" + (" (CPU: the base shape only)" if cpu else ""),
-                [sys.executable, "benchmarks/recurrent.py", *shapes], LIMITS["recurrent"],
-                log=log("recurrent")))
-  linear = ["--lengths=1024,4096", "--linear_repeats=3"] if cpu else ["--linear_repeats=5"]
-  write(section("LRU and S5: parallel against stepwise",
-                [sys.executable, "benchmarks/recurrent.py", "--section=linear",
-                 "--compile_target=", *linear], LIMITS["linear"], log=log("linear")))
-  rows = [main_job(dtype, cpu) for dtype in ("float32", "bfloat16")]
-  write("\n".join(["## The main job (nmt_dates)" + (" — 200 steps on a CPU" if cpu else ""), "",
-                   "| dtype | exact match | steps/s | compile s | wall s |",
-                   "|---|---|---|---|---|", *rows, ""]))
-  write("## One LRA training step, profiled\n\n" + lra_profile(artifacts) + "\n")
-  adding = None if cpu else adding_run(artifacts)
-  if cpu and not args.suite:
+  chosen = set(args.sections)
+  if "attention" in chosen:
+    lengths = ["--lengths=512,2048", "--repeats=2"] if cpu else []
+    write(section("Attention" + (" (CPU: lengths 512 and 2048 only)" if cpu else ""),
+                  [sys.executable, "benchmarks/attention.py", *lengths],
+                  args.limit or LIMITS["attention"], log=log("attention")))
+  if "recurrent" in chosen:
+    shapes = ["--shapes=base", "--repeats=3"] if cpu else ["--repeats=7"]
+    write(section("Recurrent layers" + (" (CPU: the base shape only)" if cpu else ""),
+                  [sys.executable, "benchmarks/recurrent.py", *shapes],
+                  args.limit or LIMITS["recurrent"], log=log("recurrent")))
+  if "linear" in chosen:
+    linear = ["--lengths=1024,4096", "--linear_repeats=3"] if cpu else ["--linear_repeats=5"]
+    write(section("LRU and S5: parallel against stepwise",
+                  [sys.executable, "benchmarks/recurrent.py", "--section=linear",
+                   "--compile_target=", *linear], args.limit or LIMITS["linear"],
+                  log=log("linear")))
+  if "main" in chosen:
+    rows = [main_job(dtype, cpu) for dtype in ("float32", "bfloat16")]
+    write("\n".join(["## The main job (nmt_dates)" + (" — 200 steps on a CPU" if cpu else ""),
+                     "", "| dtype | exact match | steps/s | compile s | wall s |",
+                     "|---|---|---|---|---|", *rows, ""]))
+  if "profile" in chosen:
+    write("## One LRA training step, profiled\n\n" + lra_profile(artifacts) + "\n")
+  adding = adding_run(artifacts) if "adding" in chosen and not cpu else None
+  if "suite" in chosen and cpu and not args.suite:
     marker = "gpu or tpu"
     write(section(f"Tests marked {marker} (the whole suite: `python3 project.py test`, or "
                   "--suite)", [*PYTEST, "-m", marker, "tests"], LIMITS["tests"], pytest_summary))
-  else:
-    write(section("The whole suite at JAX's default settings",
-                  [*PYTEST, "-v", "-n", "12", "--dist", "loadgroup", "tests",
+  elif "suite" in chosen:
+    write(section("The whole suite at JAX's default settings",   # -v: each test's outcome
+                  [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rf",
+                   "-n", "12", "--dist", "loadgroup", "tests",
                    "--ignore=tests/training/test_wandb.py"],
-                  LIMITS["suite"], pytest_summary, log=log("suite")))
+                  args.limit or LIMITS["suite"], pytest_summary, log=log("suite")))
   if adding is not None:
-    write("## The adding problem at T = 1000, the LRU\n\n" + adding_result(adding, artifacts) + "\n")
+    if "suite" not in chosen:
+      time.sleep(args.limit or LIMITS["suite"])
+    write("## The adding problem at T = 1000, the LRU\n\n" + adding_result(adding, artifacts)
+          + "\n")
   print(f"report: {args.output}")
 
 

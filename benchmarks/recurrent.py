@@ -201,6 +201,7 @@ def torch_step(module: torch.nn.Module, x: np.ndarray, cotangent: np.ndarray,
                device: torch.device, dtype: torch.dtype):
   """fn() running module's forward and backward(cotangent) on device, waiting for it."""
   module = module.to(device=device, dtype=dtype)
+  module.flatten_parameters()   # one contiguous weight buffer: cuDNN would compact every call
   x = torch.from_numpy(x).to(device=device, dtype=dtype).requires_grad_(True)
   cotangent = torch.from_numpy(cotangent).to(device=device, dtype=dtype)
   synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None

@@ -7,7 +7,7 @@ Together with the accelerator kernels (`kernels/`, registered there), the regist
   chunked     yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  all        no       3
   banded      yes   yes   required  yes     yes     yes      yes     f32 bf16 f16  all        no       varies
   cudnn       yes   yes   optional  no      no      yes      yes     bf16 f16      gpu        no       0
-  pallas_gpu  yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  gpu cpu*   no       0
+  pallas_gpu  yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  gpu cpu*   no       varies
   pallas_tpu  no    no    optional  yes     yes     yes      yes     f32 bf16      tpu cpu*   no       0
 
 (`registry.capability_table()`; a test keeps this copy equal to it). "global" is
@@ -23,7 +23,8 @@ window with a mask or bias, head dims it cannot take and odd lengths with a bias
 implementation running natively there that can do the request, by auto rank:
 
   platform  tried in order
-  gpu       cudnn, pallas_gpu, then as on cpu
+  gpu       pallas_gpu for a window at head dims up to 64 (faster there, measured),
+            cudnn, pallas_gpu, then as on cpu
   tpu       pallas_tpu, then as on cpu
   cpu       dense if kv_len <= 256, banded, chunked, dense (banded after chunked for a
             block-sparse pattern whose query blocks visit over a quarter of the key blocks)

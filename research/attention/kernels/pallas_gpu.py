@@ -483,8 +483,19 @@ def refusals(request: registry.Request) -> list[str]:
   return reasons
 
 
+def auto_rank(request: registry.Request) -> int:
+  """"auto"'s place for this kernel on GPUs, from the accelerator report's measurements
+  (results/accelerator/h200.md, bf16 forward + backward on an H200): before cuDNN (rank 0)
+  for a window at head dims up to 64, where it was faster (causal window 256: 0.14 against
+  0.25 ms at (4, 2048, 8, 64), 0.44 against 0.52 ms at (4, 8192, 8, 64)); after it
+  otherwise (tied at 0, cuDNN registered first), where cuDNN was faster (dense causal: 2.53
+  against 3.65 ms at (4, 8192, 8, 64); window 256 at d = 128: 0.78 against 1.24 ms at
+  (1, 32768, 8, 128))."""
+  return -1 if request.window is not None and request.head_dim <= 64 else 0
+
+
 registry.register(registry.Implementation(
     "pallas_gpu", pallas_gpu_attention, mask=True, bias=True, window="optional",
     global_tokens=True, block_sparse=True, key_value_seq_lengths=True, gqa=True,
     dtypes=frozenset({"float32", "bfloat16", "float16"}), platforms=frozenset({"gpu"}),
-    interpreted=frozenset({"cpu"}), refuses=refusals, auto_rank=0))
+    interpreted=frozenset({"cpu"}), refuses=refusals, auto_rank=auto_rank))
