@@ -21,11 +21,19 @@ LONG = {"train.num_steps": 600, "train.checkpoint_every": 100, "train.log_every"
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  """metrics.jsonl's records of the uninterrupted run."""
+def cache(tmp_path_factory):
+  """launch.py's flag for a compilation cache of these runs alone, empty at first."""
+  return (f"--compilation_cache={tmp_path_factory.mktemp('compilation-cache')}",)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache):
+  """metrics.jsonl's records of the uninterrupted run (the first into `cache`: it loads no
+  compiled program from there)."""
   workdir = str(tmp_path_factory.mktemp("reference"))
-  run = tiny.run(workdir, **LONG)
+  run = tiny.run(workdir, flags=cache, **LONG)
   assert run.returncode == 0, run.stderr[-2000:]
+  assert tiny.read_json(f"{workdir}/final_metrics.json")["perf/compile_cache_hits"] == 0
   return tiny.records(workdir)
 
 
@@ -41,16 +49,19 @@ def _user_lines(stderr: str) -> list[str]:
   return [line for line in stderr.splitlines() if not line.startswith("step ")]
 
 
-def test_kill_9_then_rerun_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, reference):
+def test_kill_9_then_rerun_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, reference,
+                                                                        cache):
   workdir = str(tmp_path)
-  victim = tiny.start(workdir, **LONG)
+  victim = tiny.start(workdir, flags=cache, **LONG)
   tiny.wait_for_step(workdir, 250, victim)
   victim.send_signal(signal.SIGKILL)
   victim.wait()
   killed_at = tiny.records(workdir)[-1]["step"]
   assert killed_at < LONG["train.num_steps"]
-  resumed = tiny.run(workdir, **LONG)
+  resumed = tiny.run(workdir, flags=cache, **LONG)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
+  # the resumed run's train and eval steps (and the reference's others) come from the cache
+  assert tiny.read_json(f"{workdir}/final_metrics.json")["perf/compile_cache_hits"] >= 2
   start = int(resumed.stderr.split("resuming from the checkpoint at step ")[1].split()[0])
   assert start % LONG["train.checkpoint_every"] == 0 and start <= killed_at
   assert tiny.records(workdir) == reference          # every metric, exact float equality

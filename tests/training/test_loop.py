@@ -1,6 +1,7 @@
 """train_and_evaluate end to end on a tiny config, in process."""
 
 import contextlib
+import gzip
 import itertools
 import json
 import logging
@@ -15,7 +16,7 @@ import pytest
 import tiny
 
 from research.errors import CheckpointMismatchError, ConfigError, WorkdirError
-from research.training import loop, sweep
+from research.training import loop, profiling, sweep
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.loop import Stopped, train_and_evaluate
@@ -25,7 +26,7 @@ from research.training.sweep import run_sweep
 
 def test_trains_once_compiled_and_fills_the_workdir(tmp_path, capsys):
   workdir = str(tmp_path)
-  final = train_and_evaluate(tiny.config(), workdir, tiny.task())
+  final = train_and_evaluate(tiny.config(**{"train.profile_steps": "41,43"}), workdir, tiny.task())
   records = tiny.records(workdir)
   losses = [r["train/loss"] for r in records if "train/loss" in r]
   assert [r["step"] for r in records if "train/loss" in r] == list(range(10, 61, 10))
@@ -41,6 +42,13 @@ def test_trains_once_compiled_and_fills_the_workdir(tmp_path, capsys):
   events = os.listdir(os.path.join(workdir, "tensorboard"))
   assert any(name.startswith("events.out.tfevents") for name in events)
   assert "step 60/60  loss" in capsys.readouterr().err
+  # train.profile_steps: one trace of steps 41 … 43, each annotated, nothing compiled in it
+  (trace,) = profiling.trace_files(workdir)
+  assert [step for step, _ in profiling.summary(trace)["steps"]] == [41, 42, 43]
+  with gzip.open(trace, "rt") as f:
+    names = {event.get("name") for event in json.load(f)["traceEvents"]}
+  assert "backend_compile_and_load" not in names      # what JAX's trace shows for a compile
+  assert any(name.endswith(".xplane.pb") for name in os.listdir(os.path.dirname(trace)))
 
 
 class _PoisonedStream:

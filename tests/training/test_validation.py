@@ -59,6 +59,12 @@ def test_apply_overrides_copies_and_checks_types():
     ("train.num_steps", 2**31, r"num_steps=2147483648 must be at most 2147483647 \(an int32\)"),
     ("seed", -1, r"seed=-1 must be in 0 … 9223372036854775807"),
     ("seed", 2**63, r"seed=9223372036854775808 must be in 0 …"),
+    ("train.profile_steps", "5-7", r"profile_steps must be 'FIRST,LAST' or 'STEP' .*got '5-7'"),
+    ("train.profile_steps", "1,2,3", r"profile_steps must be 'FIRST,LAST'"),
+    ("train.profile_steps", "7,5", r"profile_steps='7,5' must be steps FIRST <= LAST within "
+                                   r"1 … config\.train\.num_steps=1000"),
+    ("train.profile_steps", "0,2", r"profile_steps='0,2' must be steps FIRST <= LAST"),
+    ("train.profile_steps", "999,1001", r"profile_steps='999,1001' must be steps"),
 ])
 def test_shared_checks(key, value, message):
   with pytest.raises(ConfigError, match=message):

@@ -31,10 +31,11 @@ def task():
   return experiments.get("sequence_tasks")
 
 
-def launch_command(workdir: str, **overrides) -> list[str]:
-  flags = [f"--config.{k}={v}" for k, v in {**OVERRIDES, **overrides}.items()]
+def launch_command(workdir: str, flags: tuple[str, ...] = (), **overrides) -> list[str]:
+  """launch.py on the tiny config with `overrides`; `flags`: launch.py's other flags."""
+  overriding = [f"--config.{k}={v}" for k, v in {**OVERRIDES, **overrides}.items()]
   return [sys.executable, os.path.join(ROOT, "launch.py"), f"--config={CONFIG}",
-          f"--workdir={workdir}", *flags]
+          f"--workdir={workdir}", *flags, *overriding]
 
 
 COMPILATION_CACHE = os.path.join(tempfile.gettempdir(), f"research-tests-xla-cache-{os.getuid()}")
@@ -48,15 +49,22 @@ def environment(devices: int = 1) -> dict:
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
-def run(workdir: str, devices: int = 1, **overrides) -> subprocess.CompletedProcess:
-  return subprocess.run(launch_command(workdir, **overrides), env=environment(devices),
+def run(workdir: str, devices: int = 1, flags: tuple[str, ...] = (),
+        **overrides) -> subprocess.CompletedProcess:
+  return subprocess.run(launch_command(workdir, flags, **overrides), env=environment(devices),
                         capture_output=True, text=True, timeout=600)
 
 
-def start(workdir: str, devices: int = 1, **overrides) -> subprocess.Popen:
+def start(workdir: str, devices: int = 1, flags: tuple[str, ...] = (),
+          **overrides) -> subprocess.Popen:
   """launch.py on the tiny config in the background, its output captured."""
-  return subprocess.Popen(launch_command(workdir, **overrides), env=environment(devices),
+  return subprocess.Popen(launch_command(workdir, flags, **overrides), env=environment(devices),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def read_json(path: str):
+  with open(path) as f:
+    return json.load(f)
 
 
 def write_json(path: str, content) -> None:
