@@ -77,6 +77,7 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
 ORBAX = f"{os.sep}orbax{os.sep}"         # in the path of Orbax's modules
+ORBAX_TEMPORARY = ".orbax-checkpoint-tmp"  # in the path of a save Orbax has not finished
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
 COMPILE_ONLY_FLAG, EVAL_ONLY_FLAG, EXPORT_FLAG, STEP_FLAG = (
@@ -291,10 +292,15 @@ def fail(status: int, message: str, verbose: bool):
 def quiet_libraries() -> None:
   """Without --verbose: no INFO logs, and not Orbax's ERROR logs, which tell what failed
   inside a save (its threads, its metadata) while the save's exception reaches the loop,
-  reported once (CheckpointSaveError) or, restoring, a checkpoint set aside (a warning)."""
+  reported once (CheckpointSaveError) or, restoring, a checkpoint set aside (a warning);
+  nor asyncio's "exception was never retrieved" for the tasks and futures of a failed save
+  (Orbax's coroutines, its temporary paths; logged when they are collected, after the loop
+  has reported the save's error)."""
   logging.set_verbosity(logging.WARNING)                  # Orbax logs every save at INFO
   logging.get_absl_handler().addFilter(
-      lambda record: record.levelno < python_logging.ERROR or ORBAX not in record.pathname)
+      lambda record: record.levelno < python_logging.ERROR or not (
+          ORBAX in record.pathname or (record.name == "asyncio" and any(
+              mark in record.getMessage() for mark in (ORBAX, ORBAX_TEMPORARY)))))
 
 
 def start_backends(verbose: bool) -> None:

@@ -327,7 +327,8 @@ def build(config) -> Workload:
               train_data=ShuffledStream(data.splits["train"], config.train.batch_size,
                                         config.seed),
               eval_data=eval_batches(data.splits["validation"], config.train.batch_size),
-              loss=loss, evaluate=evaluate, report=report, files=files)
+              loss=loss, evaluate=evaluate, report=report, files=files,
+              loss_weight=lambda batch: target_mask(batch).sum())
 
 
 def test_report(config, model, params, data: Data, max_len: int) -> Report:

@@ -160,7 +160,7 @@ def compile_report(config, experiment: Experiment, name: str, target: targets.Ta
       shapes = strategy.abstract_state(
           jax.eval_shape(lambda rng: train_step.init_state(workload, optimizer, rng), init_rng))
     train_fn = train_step.make_train_step(workload, optimizer, schedule, step_rng,
-                                          strategy.axis_name)
+                                          strategy.axis_name, config.train.grad_accum_steps)
     eval_fn = train_step.make_eval_step(workload, strategy.axis_name)
     memory = targets.memory_bytes(target)
     batches = {"train": next(workload.train_data), "eval": _largest(workload.eval_data)}

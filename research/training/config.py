@@ -15,6 +15,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict()
   config.train.num_steps = 1000
   config.train.batch_size = 64        # global, over all devices and hosts
+  config.train.grad_accum_steps = 1   # k: each update from k microbatches of batch_size / k
   config.train.learning_rate = 1e-3   # AdamW's peak rate: linear warm-up, then the schedule
   config.train.warmup_steps = 0
   config.train.schedule = "cosine"    # after warm-up: "cosine" to 0, or "rsqrt" (Vaswani, LRA)

@@ -67,6 +67,10 @@ class Workload(NamedTuple):
   # reports Σ weight·numerator / Σ weight·denominator over the evaluation set.
   report: Callable[[Params], Report] | None = None
   # report(params) after the last step (decoding, sample predictions, heatmaps).
+  loss_weight: Callable[[Batch], Array] | None = None
+  # loss_weight(batch) -> the scalar the loss's sum is divided by (e.g. target tokens) where
+  # it differs between batches of one shape; None: the loss is a mean over the batch's rows.
+  # Gradient accumulation (config.train.grad_accum_steps) weights microbatches by it.
   files: dict[str, str] = {}
   # file name -> content, written into the workdir at the start (e.g. vocabularies).
 

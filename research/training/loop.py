@@ -75,9 +75,11 @@ from research.training.train_step import (
 )
 from research.training.validation import check_devices, check_shared
 
-# Keys a rerun may change and still resume the workdir's run (more steps, other hosts).
+# Keys a rerun may change and still resume the workdir's run (more steps, other hosts, how
+# an update is computed: microbatches, rematerialisation).
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.profile_steps",
+                  "train.grad_accum_steps", "model.remat",
                   "distributed.coordinator_address", "distributed.num_processes",
                   "distributed.process_id", "wandb.mode", "wandb.project", "wandb.entity",
                   "wandb.name")
@@ -165,7 +167,8 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
     with refusals_as_config_errors():           # init traces the model's attention too
       shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(workload, optimizer, r),
                                                       init_rng))
-    step_fn = make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name)
+    step_fn = make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name,
+                              train.grad_accum_steps)
 
     def traced_step(state, batch):
       traces.append(1)

@@ -62,17 +62,66 @@ def init_state(workload: Workload, optimizer: optax.GradientTransformation, rng:
   return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
 
 
-def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axis_name: str | None
-                    ) -> Callable:
-  """step(state, batch) -> (state, metrics). The key of step n is fold_in(rng, n), so a
-  resumed run draws the same dropout masks; under pmap each device folds in its index."""
+def microbatches(batch, count: int):
+  """The batch's rows as `count` microbatches [count, B / count, ...]: microbatch i holds
+  rows i, i + count, i + 2·count, … so that each device's rows of a batch split over the
+  devices (contiguous blocks of B / devices rows, a multiple of count) split in place."""
+  return jax.tree.map(lambda x: x.reshape(x.shape[0] // count, count, *x.shape[1:])
+                      .swapaxes(0, 1), batch)
+
+
+def accumulated_gradients(loss: Callable, loss_weight: Callable | None, count: int) -> Callable:
+  """gradients(params, batch, rng) -> ((loss, metrics), grads) of `loss` over a batch.
+
+  With count = 1 that is jax.value_and_grad(loss). With count = k the batch is cut into k
+  microbatches (`microbatches`), whose gradients are computed one after another in a
+  lax.scan (one microbatch's activations in memory at a time) and averaged, each weighted
+  by w_i = loss_weight(microbatch_i) (the count the loss's sum is divided by, e.g. target
+  tokens; 1 for every microbatch when None):
+
+    g = Σ_i w_i · ∇L_i / Σ_i w_i,   L_i = S_i / w_i   ⇒   g = ∇(Σ_i S_i / Σ_i w_i)
+
+  the gradient of the whole batch's loss, and the loss and metrics likewise. Microbatch i
+  draws its randomness from fold_in(rng, i): dropout masks differ from the whole batch's,
+  and a statistic over the batch inside the loss (nmt_dates' REINFORCE baseline) is taken
+  per microbatch.
+  """
+  value_and_grad = jax.value_and_grad(loss, has_aux=True)
+  if count == 1:
+    return value_and_grad
+
+  def gradients(params, batch, rng):
+    def add(totals, index_and_microbatch):
+      index, microbatch = index_and_microbatch
+      found = value_and_grad(params, microbatch, jax.random.fold_in(rng, index))
+      weight = (jnp.ones((), jnp.float32) if loss_weight is None
+                else loss_weight(microbatch).astype(jnp.float32))
+      sums, weights = totals
+      return (jax.tree.map(lambda t, x: t + weight * x, sums, found), weights + weight), None
+
+    first = jax.tree.map(lambda x: x[0], microbatches(batch, count))
+    shapes = jax.eval_shape(value_and_grad, params, first, rng)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    (sums, weights), _ = lax.scan(add, (zeros, jnp.zeros((), jnp.float32)),
+                                  (jnp.arange(count), microbatches(batch, count)))
+    return jax.tree.map(lambda t: t / weights, sums)
+
+  return gradients
+
+
+def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axis_name: str | None,
+                    grad_accum_steps: int = 1) -> Callable:
+  """step(state, batch) -> (state, metrics): one update from the batch, its gradient
+  accumulated over `grad_accum_steps` microbatches (`accumulated_gradients`). The key of
+  step n is fold_in(rng, n), so a resumed run draws the same dropout masks; under pmap each
+  device folds in its index."""
+  gradients = accumulated_gradients(workload.loss, workload.loss_weight, grad_accum_steps)
 
   def step(state: TrainState, batch):
     step_rng = jax.random.fold_in(rng, state.step)
     if axis_name is not None:
       step_rng = jax.random.fold_in(step_rng, lax.axis_index(axis_name))
-    (loss, metrics), grads = jax.value_and_grad(workload.loss, has_aux=True)(
-        state.params, batch, step_rng)
+    (loss, metrics), grads = gradients(state.params, batch, step_rng)
     metrics = {"loss": loss, **metrics}
     if axis_name is not None:
       grads, metrics = lax.pmean((grads, metrics), axis_name)

@@ -112,8 +112,8 @@ def check_divides(config, divisor_key: str, key: str) -> None:
 
 COMPUTE_DTYPES = ("float32", "bfloat16")   # config.model.dtype: the dtype of matrix products
 
-TRAIN_POSITIVE = ("num_steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
-                  "keep_checkpoints", "learning_rate")
+TRAIN_POSITIVE = ("num_steps", "batch_size", "grad_accum_steps", "log_every", "eval_every",
+                  "checkpoint_every", "keep_checkpoints", "learning_rate")
 TRAIN_NON_NEGATIVE = ("warmup_steps", "weight_decay", "grad_clip_norm")
 
 
@@ -124,6 +124,7 @@ def check_shared(config) -> None:
   check_int(config, *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
             "train.warmup_steps")
   check_divides(config, "train.log_every", "train.checkpoint_every")
+  check_divides(config, "train.grad_accum_steps", "train.batch_size")
   check_choice(config, "train.parallelism", STRATEGIES)
   check_choice(config, "train.schedule", SCHEDULES)
   if not (isinstance(config.train.adam_b2, (int, float)) and 0 <= config.train.adam_b2 < 1):
@@ -191,6 +192,12 @@ def check_devices(config, key: str = "train.batch_size") -> None:
   if batch_size % devices:
     raise ConfigError(f"config.{key}={batch_size} must be divisible by the number of devices "
                       f"({devices}); allowed values are multiples of {devices}")
+  accumulated = config.train.grad_accum_steps
+  if key == "train.batch_size" and batch_size % (devices * accumulated):
+    raise ConfigError(f"config.train.batch_size={batch_size} must split into "
+                      f"config.train.grad_accum_steps={accumulated} microbatches on each of the "
+                      f"{devices} devices; allowed batch sizes are multiples of "
+                      f"{devices * accumulated}")
   if config.train.parallelism == "pmap" and jax.process_count() > 1:
     raise ConfigError(f"config.train.parallelism='pmap' runs on one process, not "
                       f"{jax.process_count()}; use 'jit' (a mesh over every host's devices)")

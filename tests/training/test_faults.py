@@ -16,8 +16,10 @@ from research.training.train_step import init_state, make_optimizer
 # One worker runs them all (project.py passes --dist loadgroup), so `reference` runs once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("faults")]
 
+# Each update from 2 microbatches (train.grad_accum_steps): a killed or signalled run
+# resumes bit for bit with accumulation too (every other runtime test updates from 1).
 LONG = {"train.num_steps": 600, "train.checkpoint_every": 100, "train.log_every": 50,
-        "train.eval_every": 300}
+        "train.eval_every": 300, "train.grad_accum_steps": 2}
 
 
 @pytest.fixture(scope="module")
