@@ -9,6 +9,8 @@ first), so that before the first step:
                                                   the device's platform → ConfigError
   a step that does not fit one device            XLA's per-device bytes against the
                                                   device's memory → ConfigError naming both
+                                                  and what each remedy would need
+                                                  (remedies.py: compiled, not guessed)
 
 `memory_bytes(device)` is the device's own limit (GPU / TPU: the allocator's bytes_limit)
 or, on a CPU, the memory the machine has available, shared by its CPU devices.
@@ -97,11 +99,14 @@ class CompiledStep:
 
 
 def compile_checked(what: str, compile_step: Callable[[], object], *, limit: int | None,
-                    where: str, batch_size: int) -> CompiledStep:
+                    where: str, batch_size: int,
+                    remedies: Callable[[], list] | None = None) -> CompiledStep:
   """compile_step() -> XLA executable, its refusals as one-line ConfigErrors.
 
   what: "train" or "eval"; limit: bytes one device has (None: not checked); where: the
-  device, in words, for the message; batch_size: config.train.batch_size, for the hint.
+  device, in words, for the message; batch_size: config.train.batch_size, for the hint;
+  remedies: () -> groups of (flag, compile thunk) (`research/training/remedies.py`), each
+  compiled when the step does not fit, the message naming the memory each would need.
   """
   start = time.perf_counter()
   try:
@@ -118,12 +123,33 @@ def compile_checked(what: str, compile_step: Callable[[], object], *, limit: int
                       "sequence length, or use more devices") from None
   memory = report.memory(executable)
   if limit is not None and memory["total"] > limit:
+    tried = [] if remedies is None else remedy_memory(remedies(), limit)
     raise ConfigError(
         f"the {what} step needs {gib(memory['total'])} per device (arguments "
         f"{gib(memory['argument'])}, temporaries {gib(memory['temp'])}) but {where} has "
-        f"{gib(limit)}; reduce config.train.batch_size (now {batch_size}), the model or the "
-        "sequence length, or use more devices")
+        f"{gib(limit)}; " + (f"compiled with each remedy: {', '.join(tried)}; or " if tried
+                             else "") +
+        f"reduce config.train.batch_size (now {batch_size}), the model or the sequence "
+        "length, or use more devices")
   return CompiledStep(executable, time.perf_counter() - start, memory)
+
+
+def remedy_memory(groups: list, limit: int) -> list[str]:
+  """'FLAG: 9.12 GiB (fits)' for each remedy compiled: each group's alternatives in turn
+  until one fits; one that cannot be compiled says why, in a few words."""
+  tried = []
+  for group in groups:
+    for flag, compile_variant in group:
+      try:
+        with refusals_as_config_errors():
+          total = report.memory(compile_variant())["total"]
+      except Exception as error:  # noqa: BLE001 - a remedy's own refusal is only reported
+        tried.append(f"{flag}: not compiled ({str(error).splitlines()[0][:120]})")
+        continue
+      tried.append(f"{flag}: {gib(total)} ({'fits' if total <= limit else 'too much'})")
+      if total <= limit:
+        break
+  return tried
 
 
 class CompiledPerShape:

@@ -39,7 +39,7 @@ from research import files
 from research.aot import report, targets
 from research.attention import registry
 from research.errors import ConfigError, WorkdirError
-from research.training import parallel, train_step
+from research.training import parallel, remedies, train_step
 from research.training import workdir as workdirs
 from research.training.compile import compile_checked, gib, refusals_as_config_errors
 from research.training.experiment import Experiment
@@ -149,27 +149,41 @@ def compile_report(config, experiment: Experiment, name: str, target: targets.Ta
   started = time.perf_counter()
   workload = (experiment.build_shapes or experiment.build)(config)
   strategy = parallel.MeshStrategy(devices, targets.COMPILER_OPTIONS.get(target.platform))
-  optimizer = train_step.make_optimizer(config.train)
+  optimizer = train_step.make_optimizer(config.train, config.model.get("dtype", "float32"))
   schedule = train_step.learning_rate_schedule(config.train)
   init_rng, step_rng = jax.random.split(train_step.root_key(config.seed, target.platform))
   where = f"{name} ({devices[0].device_kind})"
   platform = registry_platform(target.platform)
   with registry.compiling_for(platform, targets.gpu_capability(target), where), \
        registry.recording_choices() as choices:
-    with refusals_as_config_errors():
-      shapes = strategy.abstract_state(
-          jax.eval_shape(lambda rng: train_step.init_state(workload, optimizer, rng), init_rng))
-    train_fn = train_step.make_train_step(workload, optimizer, schedule, step_rng,
-                                          strategy.axis_name, config.train.grad_accum_steps)
+    def train_step_of(variant, workload):
+      """(the state's shapes, the train step) of config `variant` for `workload`."""
+      with refusals_as_config_errors():
+        shapes = strategy.abstract_state(
+            jax.eval_shape(lambda rng: train_step.init_state(workload, optimizer, rng), init_rng))
+      return shapes, train_step.make_train_step(workload, optimizer, schedule, step_rng,
+                                                strategy.axis_name, variant.train.grad_accum_steps)
+
+    shapes, train_fn = train_step_of(config, workload)
     eval_fn = train_step.make_eval_step(workload, strategy.axis_name)
     memory = targets.memory_bytes(target)
     batches = {"train": next(workload.train_data), "eval": _largest(workload.eval_data)}
+
+    def compile_variant(variant, variant_workload):
+      variant_shapes, variant_fn = train_step_of(variant, variant_workload)
+      return strategy.compile_step(variant_fn, variant_shapes,
+                                   strategy.abstract_batch(batches["train"]))
+
     steps = {}
     for step, fn, state in (("train", train_fn, shapes), ("eval", eval_fn, shapes.params)):
       compile_step = strategy.compile_step if step == "train" else strategy.compile_eval
       batch = strategy.abstract_batch(batches[step])
+      fixes = None if step == "eval" else lambda: remedies.remedies(
+          config, len(devices), workload, experiment.build_shapes or experiment.build,
+          compile_variant)
       compiled = compile_checked(step, functools.partial(compile_step, fn, state, batch),
-                                 limit=memory, where=where, batch_size=config.train.batch_size)
+                                 limit=memory, where=where, batch_size=config.train.batch_size,
+                                 remedies=fixes)
       steps[step] = {**report.analyze(compiled.executable, memory),
                      "compile_seconds": round(compiled.seconds, 3)}
   return {"target": name, "platform": target.platform, "device_kind": devices[0].device_kind,

@@ -44,6 +44,7 @@ from research.training import (
   plots,
   profiling,
   provenance,
+  remedies,
   thread_failures,
   wandb_writer,
 )
@@ -57,6 +58,7 @@ from research.training.compile import (
   refusals_as_config_errors,
 )
 from research.training.experiment import Experiment
+from research.training.loss_scale import STATE_METRICS
 from research.training.metrics import (
   METRICS_FILE,
   TENSORBOARD,
@@ -155,27 +157,40 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
   # ---- Workload, optimizer, the steps compiled from shapes (refusals before anything runs) ---
   strategy = parallel.make_strategy(train.parallelism)
   device = jax.local_devices()[0]
-  optimizer, schedule = make_optimizer(train), learning_rate_schedule(train)
+  optimizer = make_optimizer(train, config.model.get("dtype", "float32"))
+  schedule = learning_rate_schedule(train)
   # after a data file's error (no compile before it): keys made on first use
   keys = functools.cache(lambda: jax.random.split(root_key(config.seed, device.platform)))
   checked = device_checked(train.batch_size)
   traces = []
 
-  def steps(workload):
-    """The workload's train and eval steps, compiled per batch shape on first sight."""
+  def train_step_of(variant, workload):
+    """(the state's shapes, the train step) of config `variant` for `workload`."""
     init_rng, step_rng = keys()
     with refusals_as_config_errors():           # init traces the model's attention too
       shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(workload, optimizer, r),
                                                       init_rng))
-    step_fn = make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name,
-                              train.grad_accum_steps)
+    return shapes, make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name,
+                                   variant.train.grad_accum_steps)
+
+  def remedies_for(workload, batch):
+    """The remedies a refusal of the train step for `batch` compiles (remedies.py)."""
+    def compile_variant(variant, variant_workload):
+      shapes, step_fn = train_step_of(variant, variant_workload)
+      return strategy.compile_step(step_fn, shapes, strategy.abstract_batch(batch))
+    return lambda: remedies.remedies(config, jax.device_count(), workload,
+                                     experiment.build_shapes or experiment.build, compile_variant)
+
+  def steps(workload):
+    """The workload's train and eval steps, compiled per batch shape on first sight."""
+    shapes, step_fn = train_step_of(config, workload)
 
     def traced_step(state, batch):
       traces.append(1)
       return step_fn(state, batch)
 
     return (CompiledPerShape(lambda b: checked("train", lambda: strategy.compile_step(
-                traced_step, shapes, strategy.abstract_batch(b)))),
+                traced_step, shapes, strategy.abstract_batch(b)), remedies=remedies_for(workload, b))),
             compiled_eval_step(workload, strategy, shapes.params, checked))
 
   if experiment.generates_data is not None and experiment.generates_data(config):
@@ -232,7 +247,8 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
                                     step - len(pending) + 1, checkpoints.latest_step())
           pending = []
         if is_log:
-          means = {f"train/{k}": float(np.mean([m[k] for m in unlogged])) for k in unlogged[0]}
+          means = {f"train/{k}": float(unlogged[-1][k] if k in STATE_METRICS  # the last step's
+                                       else np.mean([m[k] for m in unlogged])) for k in unlogged[0]}
           rates.append(progress.update(step, means["train/loss"]))
           writer.write(step, means)
           unlogged = []

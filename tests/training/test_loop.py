@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import signal
+import types
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import pytest
 import tiny
 
 from research.errors import CheckpointMismatchError, ConfigError, WorkdirError
+from research.training import compile as compile_module
 from research.training import loop, profiling, sweep
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
@@ -171,13 +173,51 @@ def test_an_attention_refusal_is_a_config_error_before_anything_is_written(tmp_p
   assert not (tmp_path / "config.json").exists() and not (tmp_path / "checkpoints").exists()
 
 
-def test_a_step_over_the_devices_memory_is_refused_naming_both(tmp_path, monkeypatch):
+def test_a_step_over_the_devices_memory_is_refused_with_each_remedy_compiled(tmp_path,
+                                                                             monkeypatch):
+  """The refusal names the step's memory, the device's and what each remedy would need:
+  accumulating 2 and 4 microbatches of the batch of 4 (less each time: one microbatch's
+  activations at a time), recomputing blocks, bfloat16."""
   monkeypatch.setattr(loop, "memory_bytes", lambda device: 2**10)          # a 1 KiB device
-  with pytest.raises(ConfigError, match=r"the train step needs [\d.]+ KiB per device \(arguments "
-                     r".*\) but a cpu device \(cpu\) has 1.0 KiB; reduce "
-                     r"config.train.batch_size \(now 16\)"):
-    train_and_evaluate(tiny.config(), str(tmp_path), tiny.task())
+  with pytest.raises(ConfigError) as refused:
+    train_and_evaluate(tiny.config(**{"train.batch_size": 4}), str(tmp_path), tiny.task())
   assert not (tmp_path / "config.json").exists()
+  message = str(refused.value)
+  assert re.fullmatch(
+      r"the train step needs [\d.]+ KiB per device \(arguments .*\) but a cpu device \(cpu\) "
+      r"has 1.0 KiB; compiled with each remedy: --config\.train\.grad_accum_steps=2: [\d.]+ KiB "
+      r"\(too much\), --config\.train\.grad_accum_steps=4: [\d.]+ KiB \(too much\), "
+      r"--config\.model\.remat=block: [\d.]+ KiB \(too much\), --config\.model\.dtype=bfloat16: "
+      r"[\d.]+ KiB \(too much\); or reduce config\.train\.batch_size \(now 4\), the model or "
+      r"the sequence length, or use more devices", message)
+  needed = [float(n) for n in re.findall(r"(?:needs |grad_accum_steps=\d: )([\d.]+) KiB", message)]
+  assert needed[0] > needed[1] > needed[2]
+
+
+class _Compiled:
+  """What report.memory reads of an executable: `total` bytes, all temporaries."""
+
+  def __init__(self, total: int):
+    self.total = total
+
+  def memory_analysis(self):
+    return types.SimpleNamespace(argument_size_in_bytes=0, output_size_in_bytes=0,
+                                 temp_size_in_bytes=self.total, generated_code_size_in_bytes=0,
+                                 alias_size_in_bytes=0)
+
+
+def test_each_group_of_remedies_stops_at_the_first_that_fits():
+  def never():
+    raise AssertionError("compiled after a smaller accumulation fitted")
+
+  def refused():
+    raise ConfigError("attention: cudnn cannot do this")
+
+  groups = [[("k=2", lambda: _Compiled(3 * 2**30)), ("k=4", lambda: _Compiled(2**30)),
+             ("k=8", never)], [("remat", refused)], [("bf16", lambda: _Compiled(5 * 2**30))]]
+  assert compile_module.remedy_memory(groups, 2 * 2**30) == [
+      "k=2: 3.00 GiB (too much)", "k=4: 1.00 GiB (fits)",
+      "remat: not compiled (attention: cudnn cannot do this)", "bf16: 5.00 GiB (too much)"]
 
 
 def _tree(directory) -> dict:
