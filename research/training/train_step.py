@@ -10,6 +10,7 @@ import ml_collections
 import optax
 from jax import lax
 
+from research.training import loss_scale
 from research.training.experiment import Workload
 
 
@@ -47,14 +48,16 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
       0.0, train.learning_rate, train.warmup_steps, max(train.num_steps, train.warmup_steps + 1))
 
 
-def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(train: ml_collections.ConfigDict,
+                   dtype: str = "float32") -> optax.GradientTransformation:
   """AdamW (β₂ = adam_b2) on the schedule, after clipping the global gradient norm (if
-  grad_clip_norm > 0)."""
+  grad_clip_norm > 0); for a model of `dtype` float16 (config.model.dtype) wrapped in
+  dynamic loss scaling (loss_scale.py), whose state holds the loss scale."""
   adamw = optax.adamw(learning_rate_schedule(train), b2=train.adam_b2,
                       weight_decay=train.weight_decay)
   if train.grad_clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(train.grad_clip_norm), adamw)
-  return adamw
+    adamw = optax.chain(optax.clip_by_global_norm(train.grad_clip_norm), adamw)
+  return loss_scale.dynamic_loss_scale(adamw) if dtype == "float16" else adamw
 
 
 def init_state(workload: Workload, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
@@ -114,19 +117,29 @@ def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axi
   """step(state, batch) -> (state, metrics): one update from the batch, its gradient
   accumulated over `grad_accum_steps` microbatches (`accumulated_gradients`). The key of
   step n is fold_in(rng, n), so a resumed run draws the same dropout masks; under pmap each
-  device folds in its index."""
-  gradients = accumulated_gradients(workload.loss, workload.loss_weight, grad_accum_steps)
+  device folds in its index.
+
+  With dynamic loss scaling (an optimizer state of loss_scale.py) the gradients are those
+  of S·loss, S read from the state, divided by S; the metrics add loss_scale and
+  skipped_steps after the update (a skipped step's grad_norm is inf or NaN)."""
 
   def step(state: TrainState, batch):
     step_rng = jax.random.fold_in(rng, state.step)
     if axis_name is not None:
       step_rng = jax.random.fold_in(step_rng, lax.axis_index(axis_name))
+    scale = loss_scale.scale_of(state.opt_state)
+    loss_fn = workload.loss if scale is None else loss_scale.scaled(workload.loss, scale)
+    gradients = accumulated_gradients(loss_fn, workload.loss_weight, grad_accum_steps)
     (loss, metrics), grads = gradients(state.params, batch, step_rng)
+    if scale is not None:
+      loss, grads = jax.tree.map(lambda x: x / scale, (loss, grads))
     metrics = {"loss": loss, **metrics}
     if axis_name is not None:
       grads, metrics = lax.pmean((grads, metrics), axis_name)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     metrics |= {"grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
+    if scale is not None:
+      metrics |= loss_scale.metrics(opt_state)
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), metrics
 
   return step

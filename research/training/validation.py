@@ -110,7 +110,9 @@ def check_divides(config, divisor_key: str, key: str) -> None:
     raise ConfigError(f"config.{divisor_key}={divisor} must divide config.{key}={value}")
 
 
-COMPUTE_DTYPES = ("float32", "bfloat16")   # config.model.dtype: the dtype of matrix products
+# config.model.dtype: the dtype of matrix products (float16 with dynamic loss scaling:
+# research/training/loss_scale.py)
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 TRAIN_POSITIVE = ("num_steps", "batch_size", "grad_accum_steps", "log_every", "eval_every",
                   "checkpoint_every", "keep_checkpoints", "learning_rate")

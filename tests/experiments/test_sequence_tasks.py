@@ -77,7 +77,7 @@ def test_sweep_covers_every_model_and_length_and_validates():
     ({"model.implementation": "flash"}, "config.model.implementation='flash' is not allowed; "
                                         "choose one of: 'auto', 'dense', 'chunked', 'banded'"),
     ({"model.dtype": "float8"}, "config.model.dtype='float8' is not allowed; choose one of: "
-                                "'float32', 'bfloat16'"),
+                                "'float32', 'bfloat16', 'float16'"),
     ({"data.length": 0}, "config.data.length=0 must be a number > 0"),
     ({"data.num_symbols": -1}, "config.data.num_symbols=-1 must be a number > 0"),
     ({"data.num_items": 0}, "config.data.num_items=0 must be a number > 0"),

@@ -1,5 +1,6 @@
 """--config.model.dtype=bfloat16 in every experiment: matrix products in bfloat16, parameters,
-optimizer state and loss in float32, and training that learns like float32."""
+optimizer state and loss in float32, and training that learns like float32; float16's
+products likewise (its loss scaling: test_loss_scale.py)."""
 
 import os
 import re
@@ -58,8 +59,24 @@ def test_bfloat16_learns_like_float32_and_keeps_float32_state(name):
   assert {x.dtype for x in jax.tree.leaves((state.params, state.opt_state))
           if jnp.issubdtype(x.dtype, jnp.floating)} == {jnp.dtype(jnp.float32)}
 
+  assert _products_and_loss_dtypes(task, state.params) == ("bf16", jnp.float32)
+
+
+def _products_and_loss_dtypes(task, params) -> tuple[str, jnp.dtype]:
+  """(the operands' dtype of the loss's first three matrix products, the loss's dtype)."""
   batch = jax.tree.map(jnp.asarray, next(task.train_data))
-  text = jax.jit(task.loss).lower(state.params, batch, jax.random.key(2)).as_text()
+  text = jax.jit(task.loss).lower(params, batch, jax.random.key(2)).as_text()
   operands = re.findall(r"dot_general.*\(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)", text)
-  assert operands and all(pair == ("bf16", "bf16") for pair in operands[:3])
-  assert jax.eval_shape(task.loss, state.params, batch, jax.random.key(2))[0].dtype == jnp.float32
+  (dtype,) = {x for pair in operands[:3] for x in pair}
+  return dtype, jax.eval_shape(task.loss, params, batch, jax.random.key(2))[0].dtype
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_float16_is_accepted_and_runs_the_products_in_float16(name):
+  """Training in float16 (dynamic loss scaling): tests/training/test_loss_scale.py."""
+  config = apply_overrides(EXPERIMENTS[name](), {"model.dtype": "float16"})
+  experiment = experiments.get(config.experiment)
+  experiment.validate(config)
+  task = experiment.build(config)
+  params = jax.eval_shape(task.init, jax.random.key(0))
+  assert _products_and_loss_dtypes(task, params) == ("f16", jnp.float32)
