@@ -115,7 +115,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dropout_rate = 0.0         # between recurrent layers; the blocks' embeddings,
                                           # branches and MLP hidden units
-  config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
+  config.model.dtype = "float32"          # dtype of matrix products: float32 | bfloat16 | float16
   config.model.update(MODELS[variant["model"]])
 
   config.sample = ml_collections.ConfigDict()

@@ -64,7 +64,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.window = 5                 # D, the half-width of local_m / local_p
   config.model.hard_training = "gumbel"   # or "reinforce"
   config.model.dropout_rate = 0.0         # on the embeddings, between layers, before the output
-  config.model.dtype = "float32"          # dtype of the matrix products: float32 | bfloat16
+  config.model.dtype = "float32"          # dtype of matrix products: float32 | bfloat16 | float16
 
   config.decode = ml_collections.ConfigDict()
   config.decode.beam_size = 5

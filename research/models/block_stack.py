@@ -76,7 +76,7 @@ class StackFields(nn.Module, kw_only=True):
   dropout_rate: float = 0.0        # on the embeddings, both branches, the MLP's hidden units
   implementation: str = "auto"     # research.attention implementation of full / local /
                                    # longformer / sparse / bigbird / memory_compressed
-  dtype: Any = "float32"           # dtype of the matrix products ("float32", "bfloat16")
+  dtype: Any = "float32"           # dtype of the matrix products ("float32", "bfloat16", "float16")
 
   def stack_fields(self) -> dict[str, Any]:
     """{field: value} of the fields above (a BlockStack's keyword arguments)."""
