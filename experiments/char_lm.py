@@ -116,6 +116,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.dropout_rate = 0.0         # between recurrent layers; the blocks' embeddings,
                                           # branches and MLP hidden units
   config.model.dtype = "float32"          # dtype of matrix products: float32 | bfloat16 | float16
+  config.model.remat = "none"             # blocks (recurrent: layers) recomputed in the
+                                          # backward pass: none | block | dots_saveable |
+                                          # dots_with_no_batch_dims_saveable
   config.model.update(MODELS[variant["model"]])
 
   config.sample = ml_collections.ConfigDict()

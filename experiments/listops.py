@@ -108,6 +108,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.dropout_rate = 0.0        # embeddings, both branches, the MLP's hidden units
   config.model.implementation = "auto"   # auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dtype = "float32"         # dtype of matrix products: float32 | bfloat16 | float16
+  config.model.remat = "none"            # blocks recomputed in the
+                                         # backward pass: none | block | dots_saveable |
+                                         # dots_with_no_batch_dims_saveable
   config.model.update(preset["model"])
   return config
 

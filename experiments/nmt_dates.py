@@ -65,6 +65,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.hard_training = "gumbel"   # or "reinforce"
   config.model.dropout_rate = 0.0         # on the embeddings, between layers, before the output
   config.model.dtype = "float32"          # dtype of matrix products: float32 | bfloat16 | float16
+  config.model.remat = "none"             # encoder layers recomputed in the
+                                          # backward pass: none | block | dots_saveable |
+                                          # dots_with_no_batch_dims_saveable
 
   config.decode = ml_collections.ConfigDict()
   config.decode.beam_size = 5

@@ -166,6 +166,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                           # branches and MLP hidden units
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dtype = "float32"          # dtype of matrix products: float32 | bfloat16 | float16
+  config.model.remat = "none"             # blocks (recurrent: layers) recomputed in the
+                                          # backward pass: none | block | dots_saveable |
+                                          # dots_with_no_batch_dims_saveable
   return config
 
 

@@ -46,6 +46,7 @@ from research.data.text import (
 from research.errors import ConfigError, InputError
 from research.experiments.registry import register
 from research.models.decoding import beam_search, greedy_decode
+from research.models.remat import REMAT
 from research.models.seq2seq import CELLS, DECODER_ATTENTIONS, HARD_TRAINING, STYLES, Seq2Seq
 from research.training.experiment import Heatmap, Inference, Model, Report, Workload
 from research.training.validation import (
@@ -75,6 +76,8 @@ def validate(config) -> None:
   check_choice(config, "model.score", SCORE_FUNCTIONS)
   check_choice(config, "model.hard_training", HARD_TRAINING)
   check_choice(config, "model.dtype", COMPUTE_DTYPES)
+  if "remat" in m:        # absent from the config.json of a run before it: "none"
+    check_choice(config, "model.remat", REMAT)
   check_choice(config, "data.level", LEVELS)
   check_positive(config, "model.embed_size", "model.hidden_size", "model.encoder_layers",
                  "model.window", "data.train_examples", "data.eval_examples",

@@ -15,6 +15,8 @@ listops. Each key means the same in all three:
                                        options
   dropout_rate                         embeddings, both branches, the MLP's hidden units
   implementation, dtype                research.attention implementation, products' dtype
+  remat                                blocks (recurrent kinds: layers) recomputed in the
+                                       backward pass: one of research/models/remat.py's REMAT
 
 Sizes are bounded by what the model can use and by memory (`check_stack_sizes`, once the
 inputs' length is known): a size counted in positions (POSITION_KEYS: the window, a
@@ -36,6 +38,7 @@ from research.models.recurrent_mixer import (
   linear_recurrence,
   recurrence_parameters,
 )
+from research.models.remat import REMAT
 from research.models.self_attention import SELF_ATTENTIONS, check_attention
 from research.training.validation import (
   COMPUTE_DTYPES,
@@ -62,6 +65,8 @@ def check_stack_keys(config, *, causal: bool) -> None:
   check_choice(config, "model.attention", SELF_ATTENTIONS)
   check_choice(config, "model.implementation", implementation_names())
   check_choice(config, "model.dtype", COMPUTE_DTYPES)
+  if "remat" in m:        # absent from the config.json of a run before it: "none"
+    check_choice(config, "model.remat", REMAT)
   sizes = [key for key in SIZES if key.split(".")[1] in m]   # char_lm: no linformer keys
   check_positive(config, *sizes)
   check_int(config, *sizes)

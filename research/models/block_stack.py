@@ -13,7 +13,9 @@ and one assembly of it (`BlockStack`, the models' submodule "stack").
        positions with `block_mixer`: kind "transformer" the self-attention `attention`
        (self_attention.py) built with layer=i, so that Performer's features, Reformer's
        rotations and BigBird's random blocks are drawn per layer; kinds "lru" / "s5" a
-       linear recurrence (recurrent_mixer.py)
+       linear recurrence (recurrent_mixer.py); with `remat` (remat.py) each block is
+       run again in the backward pass, its input kept and (per the policy) its matrix
+       products, the rest recomputed
     -> final_norm: LayerNorm (pre-norm only)
     -> features [B, L (+ 1), F]
 
@@ -25,6 +27,7 @@ float32 parameters.
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -34,6 +37,7 @@ import jax.numpy as jnp
 from research.models.kinds import BLOCK_KINDS
 from research.models.positions import sinusoidal_positions
 from research.models.recurrent_mixer import block_mixer
+from research.models.remat import remat
 from research.models.self_attention import SELF_ATTENTIONS, check_attention, self_attention
 from research.models.transformer_block import NORMS, TransformerBlock
 
@@ -77,11 +81,20 @@ class StackFields(nn.Module, kw_only=True):
   implementation: str = "auto"     # research.attention implementation of full / local /
                                    # longformer / sparse / bigbird / memory_compressed
   dtype: Any = "float32"           # dtype of the matrix products ("float32", "bfloat16", "float16")
+  remat: str = "none"              # each block (recurrent kinds: layer) recomputed in the
+                                   # backward pass: one of remat.REMAT
 
   def stack_fields(self) -> dict[str, Any]:
     """{field: value} of the fields above (a BlockStack's keyword arguments)."""
     return {field.name: getattr(self, field.name) for field in dataclasses.fields(StackFields)
             if field.name not in ("parent", "name")}
+
+  @nn.nowrap
+  def remat_layer(self) -> Callable[[Callable], Callable]:
+    """What the recurrent kinds' layer (research.recurrent's RNN / LSTM / GRU) wraps each
+    of its layers (and directions) in: `remat` with this model's choice, so that each
+    layer's pass is recomputed in the backward pass from its inputs."""
+    return functools.partial(remat, value=self.remat)
 
   def check_names(self) -> None:
     """ValueError naming a field whose name is not one of its allowed values."""
@@ -131,8 +144,10 @@ class BlockStack(StackFields):
           num_features=self.num_features, num_hashes=self.num_hashes, layer=layer,
           implementation=self.implementation, dtype=dtype),
                           state_size=self.state_size, dtype=dtype, recurrence=self.recurrence)
-      x = TransformerBlock(mixer, self.mlp_size or MLP_RATIO * features, norm=self.norm,
-                           is_causal=self.causal, dropout_rate=self.dropout_rate,
-                           activation_dropout_rate=self.dropout_rate, dtype=dtype,
-                           name=f"block{layer}")(x, lengths, train=train)
+      block = TransformerBlock(mixer, self.mlp_size or MLP_RATIO * features, norm=self.norm,
+                               is_causal=self.causal, dropout_rate=self.dropout_rate,
+                               activation_dropout_rate=self.dropout_rate, dtype=dtype,
+                               name=f"block{layer}")
+      x = remat(lambda block, x, lengths: block(x, lengths, train=train), self.remat)(
+          block, x, lengths)
     return nn.LayerNorm(name="final_norm")(x) if self.norm == "pre" else x

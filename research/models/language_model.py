@@ -70,6 +70,7 @@ class LanguageModel(StackFields):
       x = nn.Embed(VOCAB_SIZE, self.embed_size, dtype=self.dtype, name="embed")(tokens)
       x, carry = RECURRENT[self.kind](self.hidden_size, self.num_layers,
                                       dropout=self.dropout_rate, dtype=self.dtype,
+                                      remat_layer=self.remat_layer(),
                                       name="recurrent")(x, initial_state=carry, train=train)
     logits = nn.Dense(VOCAB_SIZE, dtype=self.dtype, name="head")(x).astype(jnp.float32)
     return logits, carry

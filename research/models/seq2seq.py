@@ -35,7 +35,9 @@ with the deep output of its appendix A.2.2 (which writes U_o s_{t-1}; we use s_t
 eq. 4); its initial state is the encoder's final state as above, not tanh(W_s h̄_1).
 With attention "none" the context terms are dropped: the encoder's final state is the
 only link (the fixed-length bottleneck). Dropout (training only) acts on the
-embeddings, between encoder layers and on o_t / h̃_t.
+embeddings, between encoder layers and on o_t / h̃_t. With `remat` (remat.py) each
+encoder layer (and direction) is recomputed in the backward pass from its inputs; the
+decoder, one cell stepped through time, is not.
 
 Attention: a score name of `research.attention.SCORE_FUNCTIONS` (softmax over the
 non-padded source positions), "local_m" / "local_p" (Luong's window of half-width
@@ -48,6 +50,7 @@ REINFORCE surrogate (`research.attention.reinforce_surrogate` with reward −NLL
 Hard attention draws from the PRNG stream "attention", dropout from "dropout".
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -62,6 +65,7 @@ from research.attention import (
   make_score,
   padding_mask,
 )
+from research.models.remat import REMAT, remat
 from research.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, SimpleRNNCell
 
 Array = jax.Array
@@ -107,6 +111,7 @@ class Encoder(nn.Module):
   bidirectional: bool = False  # add a reverse-time direction to every layer
   dropout_rate: float = 0.0  # on the embeddings and between layers, training only
   dtype: Any = None        # dtype of the matrix products (None: float32)
+  remat: str = "none"      # each layer recomputed in the backward pass: one of REMAT
 
   @nn.compact
   def __call__(self, source: Array, source_lengths: Array, *,
@@ -116,7 +121,8 @@ class Encoder(nn.Module):
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     layer = LAYERS[self.kind](self.hidden_size // directions, num_layers=self.num_layers,
                               bidirectional=self.bidirectional, dropout=self.dropout_rate,
-                              dtype=self.dtype, name="rnn")
+                              dtype=self.dtype,
+                              remat_layer=functools.partial(remat, value=self.remat), name="rnn")
     states, final = layer(x, seq_lengths=source_lengths, train=train)
     h_n, c_n = final if self.kind == "lstm" else (final, None)
     top = lambda s: jnp.concatenate(list(s[-directions:]), axis=-1)   # [K, B, h] -> [B, H]
@@ -259,12 +265,14 @@ class Seq2Seq(nn.Module):
   max_source_length: int | None = None   # S of the location score (needed by it)
   hard_training: str = "gumbel"    # hard attention in training: "gumbel" or "reinforce"
   dtype: Any = None                # dtype of the matrix products, e.g. "bfloat16" (None: float32)
+  remat: str = "none"              # each encoder layer recomputed in the backward pass (REMAT)
 
   def _check_config(self):
     choices = {"kind": (self.kind, tuple(CELLS)),
                "attention": (self.attention, DECODER_ATTENTIONS), "style": (self.style, STYLES),
                "score": (self.score, tuple(SCORE_FUNCTIONS)),
-               "hard_training": (self.hard_training, tuple(HARD_TRAINING))}
+               "hard_training": (self.hard_training, tuple(HARD_TRAINING)),
+               "remat": (self.remat, REMAT)}
     for key, (value, allowed) in choices.items():
       if value not in allowed:
         raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
@@ -282,7 +290,7 @@ class Seq2Seq(nn.Module):
     self._check_config()
     self.encoder = Encoder(self.source_vocab_size, self.embed_size, self.hidden_size, self.kind,
                            self.encoder_layers, self.bidirectional, self.dropout_rate,
-                           self.dtype)
+                           self.dtype, self.remat)
     self.decoder = Decoder(self.target_vocab_size, self.embed_size, self.hidden_size, self.kind,
                            self.attention, self.style, self.input_feeding, self.score,
                            self.attention_features, self.max_source_length,

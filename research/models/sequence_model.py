@@ -53,7 +53,8 @@ class SequenceModel(StackFields):
     if self.kind in RECURRENT:
       x = inputs if self.vocab_size is None else jax.nn.one_hot(inputs, self.vocab_size)
       x, _ = RECURRENT[self.kind](self.hidden_size, self.num_layers, dropout=self.dropout_rate,
-                                  dtype=self.dtype, name="recurrent")(x, train=train)
+                                  dtype=self.dtype, remat_layer=self.remat_layer(),
+                                  name="recurrent")(x, train=train)
     else:
       x = BlockStack(**self.stack_fields(), kind=self.kind, vocab_size=self.vocab_size,
                      causal=self.causal, name="stack")(inputs, train=train)

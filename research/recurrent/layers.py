@@ -19,8 +19,15 @@ layer but the last, only when `train=True`.
 
 Parameters live in one cell per layer and direction, named `l{k}` and `l{k}_reverse`
 like PyTorch's `weight_ih_l{k}[_reverse]` (see `cells.py` for the layout).
+
+`remat_layer` wraps each layer and direction's pass over the sequence, a function
+(cell, x, h0, c0, valid) -> (ys, h_n, c_n) of the bound cell: e.g. `flax.linen.remat`,
+which recomputes the pass in the backward pass from its inputs instead of keeping its
+gate activations (research/models/remat.py). The parameters keep their names.
 """
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -44,6 +51,14 @@ def valid_mask(seq_lengths: Array | None, batch: int, num_steps: int) -> Array |
   return jnp.arange(num_steps)[None, :] < seq_lengths[:, None]
 
 
+def layer_pass(cell: RecurrentCell, x: Array, h0: Array, c0: Array | None,
+               valid: Array | None, *, time_axis: int, reverse: bool
+               ) -> tuple[Array, Array, Array | None]:
+  """One layer and direction over the sequence (`RecurrentCell.sequence`): (ys, h_n, c_n);
+  the function `remat_layer` wraps, its arrays positional."""
+  return cell.sequence(x, h0, c0, valid=valid, time_axis=time_axis, reverse=reverse)
+
+
 class RecurrentLayer(nn.Module):
   """Shared body of `RNN`, `LSTM` and `GRU`; subclasses say which cell to stack."""
   hidden_size: int                 # H, features of each hidden state
@@ -53,6 +68,8 @@ class RecurrentLayer(nn.Module):
   batch_first: bool = True         # x is [B, T, D] (True) or [T, B, D] (False)
   dtype: Any = None                # computation dtype of the matrix products (None: float32)
   param_dtype: Any = jnp.float32   # parameter dtype
+  remat_layer: Callable[[Callable], Callable] | None = None  # wraps each layer and
+                                   # direction's pass (see the module docstring)
 
   def make_cell(self, name: str) -> RecurrentCell:
     raise NotImplementedError
@@ -95,8 +112,10 @@ class RecurrentLayer(nn.Module):
       outputs = []
       for direction, cell in enumerate(directions):
         k = layer * self.num_directions + direction
-        ys, h, c = cell.sequence(x, h0[k], None if c0 is None else c0[k], valid=valid,
-                                 time_axis=time_axis, reverse=direction == 1)
+        run = functools.partial(layer_pass, time_axis=time_axis, reverse=direction == 1)
+        if self.remat_layer is not None:
+          run = self.remat_layer(run)
+        ys, h, c = run(cell, x, h0[k], None if c0 is None else c0[k], valid)
         outputs.append(ys)
         h_n.append(h)
         c_n.append(c)

@@ -1,0 +1,53 @@
+"""`model.remat`: rematerialisation, a block's activations recomputed in the backward pass
+instead of kept from the forward pass (`jax.checkpoint`, as `flax.linen.remat` lifts it).
+
+  none     every block keeps what its backward pass reads (the default): activation
+           memory grows with the depth, num_layers × one block's
+  block    each block keeps its inputs alone and runs its forward pass again in the
+           backward pass (JAX's default policy: nothing saveable): one block's activations
+           live at a time, the inputs of every block (x [B, L, F]) besides, for about one
+           more forward pass of compute (≈ 4/3 of a step's without remat)
+  dots_saveable                       the outputs of every matrix product are kept, the
+                                      rest (softmax, gelu, norms, dropout masks) recomputed
+  dots_with_no_batch_dims_saveable    only the products without batch dimensions are kept
+                                      (x W of the projections and the MLP, not
+                                      attention's q kᵀ and p v, which grow with L²)
+
+The named policies are `jax.checkpoint_policies`' (MaxText's `remat_policy` names):
+between none and block in memory and compute. `nothing_saveable` is "block" and
+`everything_saveable` saves as much as "none", so neither is listed. The same outputs and
+gradients whatever the choice (the same operations, run again), and the same parameters
+under the same names: a checkpoint written with one choice restores under any other.
+
+`remat` wraps the function that runs a block (its first argument the block's module):
+Python arguments such as `train` are closed over by that function, not traced, so no
+`static_argnums` are needed. `prevent_cse` stays on (JAX's default): the blocks run in a
+Python loop, not inside a `scan`, where XLA's common-subexpression elimination could
+otherwise merge the recomputation with the forward pass and keep the activations after all.
+"""
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+
+POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable")
+REMAT = ("none", "block", *POLICIES)
+
+
+def check_remat(value: str) -> None:
+  """ValueError naming the allowed values unless `value` is one of REMAT."""
+  if value not in REMAT:
+    raise ValueError(f"remat must be one of {REMAT}, got {value!r}")
+
+
+def remat(run: Callable, value: str) -> Callable:
+  """`run` (a function of a bound module and its array arguments, e.g.
+  `lambda block, x: block(x, train=train)`) recomputed in the backward pass as `value`
+  says (one of REMAT): unchanged for "none", `nn.remat(run)` for "block",
+  `nn.remat(run, policy=jax.checkpoint_policies.<value>)` for a named policy."""
+  check_remat(value)
+  if value == "none":
+    return run
+  policy = None if value == "block" else getattr(jax.checkpoint_policies, value)
+  return nn.remat(run, policy=policy)
