@@ -67,6 +67,7 @@ from research.training.metrics import (
   Progress,
 )
 from research.training.renamed_keys import RENAMED_KEYS, renamed
+from research.training.stop_agreement import StopAgreement
 from research.training.train_step import (
   init_state,
   learning_rate_schedule,
@@ -230,6 +231,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
 
   # ---- Loop -----------------------------------------------------------------------------
   progress, rates, pending = Progress(train.num_steps, start), [], []
+  agreement = StopAgreement()
   with (_closing(checkpoints, progress, writer), _stop_signals() as stop,
         profiling.Profiler(train.profile_steps, workdir) as profiler):
     try:
@@ -241,7 +243,9 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
         profiler.after(step, state)
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
-        stopping = stop.signum   # read once: a signal arriving later in the step waits a step
+        # read once (a signal arriving later in the step waits a step), and agreed with the
+        # other processes before anything here waits for the devices (stop_agreement.py)
+        stopping = agreement.stop_signal(step, stop.signum)
         if is_log or stopping:
           unlogged += _check_finite(jax.device_get([strategy.host_metrics(m) for m in pending]),
                                     step - len(pending) + 1, checkpoints.latest_step())
@@ -270,6 +274,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
         if stopping:
           checkpoints.raise_if_failed(wait=True)
           raise Stopped(stopping, step, checkpoints.directory)
+      agreement.finished(train.num_steps)   # a process asking to stop now gets its answer
     except OSError as error:
       latest = checkpoints.latest_step()
       kept = ("no checkpoint was written yet" if latest is None else

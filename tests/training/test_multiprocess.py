@@ -2,6 +2,7 @@
 run, against one process with 8 devices."""
 
 import os
+import signal
 import socket
 import subprocess
 
@@ -10,7 +11,8 @@ import tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("multiprocess")]
 
-RUN = {"train.num_steps": 40, "train.batch_size": 16, "train.eval_every": 20}
+RUN = {"train.num_steps": 120, "train.batch_size": 16, "train.eval_every": 60,
+       "train.checkpoint_every": 60}
 
 
 def _free_port() -> int:
@@ -19,16 +21,20 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _two_processes(workdir: str, **overrides) -> list[tuple[int, str]]:
-  """(exit status, stderr) of processes 0 and 1 of one run."""
+def _start_two(workdir: str, **overrides) -> list[subprocess.Popen]:
+  """Processes 0 and 1 of one run, started."""
   port = _free_port()
-  processes = [subprocess.Popen(
+  return [subprocess.Popen(
       tiny.launch_command(workdir, **overrides) + [
           f"--config.distributed.coordinator_address=localhost:{port}",
           "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}"],
       env=tiny.environment(devices=4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True) for i in range(2)]
-  return [(p.wait(timeout=600), p.communicate()[1]) for p in processes]
+
+
+def _two_processes(workdir: str, **overrides) -> list[tuple[int, str]]:
+  """(exit status, stderr) of processes 0 and 1 of one run."""
+  return [(p.wait(timeout=600), p.communicate()[1]) for p in _start_two(workdir, **overrides)]
 
 
 def _progress_lines(stderr: str) -> list[str]:
@@ -41,30 +47,50 @@ def _assert_same_records(records, reference):
     assert record == pytest.approx(expected, rel=1e-5, abs=1e-7)
 
 
-def test_two_processes_train_resume_and_set_aside_like_one_process_with_8_devices(tmp_path):
+def _checkpoints(workdir: str) -> list[int]:
+  return sorted(int(name) for name in os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+def test_two_processes_stop_together_resume_and_set_aside_like_one_process(tmp_path):
+  """A SIGTERM to process 1 alone stops both after the same step, saved; the rerun resumes
+  there, and the records equal one process's with 8 devices; a rerun from an earlier
+  checkpoint (the latest made unreadable) repeats the same records bit for bit."""
   reference = tiny.run(str(tmp_path / "one"), devices=8, **RUN)
   assert reference.returncode == 0, reference.stderr[-2000:]
   reference = tiny.records(str(tmp_path / "one"))
   workdir = str(tmp_path / "two")
 
-  first = _two_processes(workdir, **RUN)
-  for status, stderr in first:
+  processes = _start_two(workdir, **RUN)
+  tiny.wait_for_step(workdir, 20, processes[0])
+  processes[1].send_signal(signal.SIGTERM)
+  stopped = [(p.wait(timeout=600), p.communicate()[1]) for p in processes]
+  steps = set()
+  for status, stderr in stopped:
     assert status == 0, stderr[-3000:]
-  _assert_same_records(tiny.records(workdir), reference)
-  assert _progress_lines(first[0][1]) and not _progress_lines(first[1][1])  # process 0 writes
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints")), key=int) == ["20", "40"]
+    steps.add(int(stderr.split("SIGTERM at step ")[1].split(":")[0]))
+  (step,) = steps                                     # the same step on both processes
+  assert 20 <= step < RUN["train.num_steps"] and step in _checkpoints(workdir)
+  assert _progress_lines(stopped[0][1]) and not _progress_lines(stopped[1][1])  # process 0 writes
 
-  for root, _, names in os.walk(os.path.join(workdir, "checkpoints", "40", "state")):
+  resumed = _two_processes(workdir, **RUN)
+  for status, stderr in resumed:
+    assert status == 0, stderr[-3000:]
+  assert f"resuming from the checkpoint at step {step}" in resumed[0][1]
+  records = tiny.records(workdir)
+  _assert_same_records(records, reference)
+
+  latest, earlier = _checkpoints(workdir)[-1], _checkpoints(workdir)[-2]
+  for root, _, names in os.walk(os.path.join(workdir, "checkpoints", str(latest), "state")):
     for name in names:
       open(os.path.join(root, name), "w").close()               # the latest is unreadable
   second = _two_processes(workdir, **RUN)
   for status, stderr in second:
     assert status == 0, stderr[-3000:]
-  assert "checkpoint at step 40 cannot be read" in second[0][1]
+  assert f"checkpoint at step {latest} cannot be read" in second[0][1]
   assert "cannot be read" not in second[1][1]                    # process 0 moved it, once
-  assert os.listdir(os.path.join(workdir, "checkpoints_unreadable")) == ["40"]
-  assert "resuming from the checkpoint at step 20" in second[0][1]
-  _assert_same_records(tiny.records(workdir), reference)       # both went on from step 20
+  assert os.listdir(os.path.join(workdir, "checkpoints_unreadable")) == [str(latest)]
+  assert f"resuming from the checkpoint at step {earlier}" in second[0][1]
+  assert tiny.records(workdir) == records                       # bit for bit
 
 
 def test_pmap_with_several_processes_is_refused_before_compiling(tmp_path):
