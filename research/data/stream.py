@@ -5,6 +5,11 @@ pure function of (seed, n), so the whole iterator state is the step counter n: i
 saved in every checkpoint (`get_state`) and restoring it (`set_state`) continues the
 exact same sequence of batches after a crash, on any number of devices or hosts.
 This gives the guarantees of grain's checkpointable iterators without a worker pool.
+
+On several processes each one makes only its rows of every global batch
+(`select(index, count)`: the contiguous share `index` of `count`): the data a host
+generates or gathers is its share, and the shares put together are the one-process
+batch, bit for bit.
 """
 
 from collections.abc import Callable, Iterator
@@ -21,22 +26,48 @@ class Stream(Protocol):
   def __next__(self) -> Batch: ...
   def get_state(self) -> dict: ...
   def set_state(self, state: dict) -> None: ...
+  def select(self, index: int, count: int) -> None: ...
 
 
-class GeneratedStream:
-  """Endless generated data: batch n = generate(np.random.default_rng([seed, n]), batch_size)."""
+class Share:
+  """The rows [start, stop) of every global batch of `batch_size` that process `index`
+  of `count` feeds (all of them by default)."""
+
+  def __init__(self, batch_size: int):
+    self.batch_size, self.start, self.stop = batch_size, 0, batch_size
+
+  def select(self, index: int, count: int) -> None:
+    if self.batch_size % count:
+      raise ValueError(f"batch_size {self.batch_size} does not split over {count} processes")
+    size = self.batch_size // count
+    self.start, self.stop = index * size, (index + 1) * size
+
+
+BLOCK = 8   # rows of a generated batch drawn from one generator
+
+
+class GeneratedStream(Share):
+  """Endless generated data: rows j·BLOCK … (j + 1)·BLOCK − 1 of batch n are
+  generate(np.random.default_rng([seed, n, j]), BLOCK) (the last block shorter when BLOCK
+  does not divide batch_size), so a process draws only the blocks its rows lie in."""
 
   def __init__(self, generate: Callable[[np.random.Generator, int], Batch], batch_size: int,
                seed: int):
-    self.generate, self.batch_size, self.seed, self.step = generate, batch_size, seed, 0
+    super().__init__(batch_size)
+    self.generate, self.seed, self.step = generate, seed, 0
 
   def __iter__(self) -> Iterator[Batch]:
     return self
 
   def __next__(self) -> Batch:
-    batch = self.generate(np.random.default_rng([self.seed, self.step]), self.batch_size)
+    first, last = self.start // BLOCK, (self.stop - 1) // BLOCK
+    blocks = [self.generate(np.random.default_rng([self.seed, self.step, j]),
+                            min(BLOCK, self.batch_size - j * BLOCK))
+              for j in range(first, last + 1)]
     self.step += 1
-    return batch
+    offset = first * BLOCK
+    return {name: np.concatenate([block[name] for block in blocks])[
+        self.start - offset:self.stop - offset] for name in blocks[0]}
 
   def get_state(self) -> dict:
     return {"step": self.step}
@@ -45,7 +76,7 @@ class GeneratedStream:
     self.step = int(state["step"])
 
 
-class ShuffledStream:
+class ShuffledStream(Share):
   """Endless epochs over a finite dataset, reshuffled every epoch, optionally bucketed by length.
 
   arrays: equal-length arrays [N, ...]. Epoch e draws from np.random.default_rng([seed, e]):
@@ -77,7 +108,8 @@ class ShuffledStream:
                          f"({max(lengths)})")
       index = np.searchsorted(np.asarray(boundaries), lengths)       # first boundary ≥ length
       self.buckets = [np.flatnonzero(index == b) for b in range(len(boundaries))]
-    self.arrays, self.batch_size, self.seed, self.step = arrays, batch_size, seed, 0
+    super().__init__(batch_size)
+    self.arrays, self.seed, self.step = arrays, seed, 0
     self.boundaries, self.trim, self._epoch = boundaries, trim, (None, [])
     self.batches_per_epoch = sum(len(rows) // batch_size for rows in self.buckets)
     if not self.batches_per_epoch:
@@ -103,6 +135,7 @@ class ShuffledStream:
   def __next__(self) -> Batch:
     epoch, index = divmod(self.step, self.batches_per_epoch)
     rows, boundary = self._batches(epoch)[index]
+    rows = rows[self.start:self.stop]
     self.step += 1
     return {name: a[rows, :boundary] if name in self.trim else a[rows]
             for name, a in self.arrays.items()}

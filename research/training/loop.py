@@ -178,7 +178,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
     """The remedies a refusal of the train step for `batch` compiles (remedies.py)."""
     def compile_variant(variant, variant_workload):
       shapes, step_fn = train_step_of(variant, variant_workload)
-      return strategy.compile_step(step_fn, shapes, strategy.abstract_batch(batch))
+      return strategy.compile_step(step_fn, shapes, strategy.abstract_rows(batch))
     return lambda: remedies.remedies(config, jax.device_count(), workload,
                                      experiment.build_shapes or experiment.build, compile_variant)
 
@@ -191,14 +191,15 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
       return step_fn(state, batch)
 
     return (CompiledPerShape(lambda b: checked("train", lambda: strategy.compile_step(
-                traced_step, shapes, strategy.abstract_batch(b)), remedies=remedies_for(workload, b))),
+                traced_step, shapes, strategy.abstract_rows(b)), remedies=remedies_for(workload, b))),
             compiled_eval_step(workload, strategy, shapes.params, checked))
 
   if experiment.generates_data is not None and experiment.generates_data(config):
     largest = experiment.build_shapes(config)   # the largest step, before making the data
-    steps(largest)[0].compile(next(largest.train_data))
+    steps(largest)[0].compile(next(own_rows(largest.train_data)))
     traces.clear()
   workload = experiment.build(config)
+  own_rows(workload.train_data)
   train_step, eval_step = steps(workload)
   host_batch = next(workload.train_data)
   train_step.compile(host_batch)
@@ -239,7 +240,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
         with profiler.step(step):
           if step > start + 1:
             host_batch = next(workload.train_data)
-          state, metrics = train_step.compile(host_batch)(state, strategy.put_batch(host_batch))
+          state, metrics = train_step.compile(host_batch)(state, strategy.put_rows(host_batch))
         profiler.after(step, state)
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
@@ -304,6 +305,14 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
                                      for name in (LOSS_PLOT, *heatmaps)})
   wandb_run.summary(final)
   return final
+
+
+def own_rows(stream):
+  """The training stream, making only this process's rows of each global batch where
+  several processes run (research/data/stream.py's `select`)."""
+  if jax.process_count() > 1:
+    stream.select(jax.process_index(), jax.process_count())
+  return stream
 
 
 def device_checked(batch_size: int) -> Callable[..., CompiledStep]:

@@ -6,7 +6,9 @@ Both strategies take the same pure functions
   evaluate(params, batch) -> {name: (sum, sum)}
 
 and the same global batches (dicts of NumPy arrays [global_batch, ...]). Each host
-feeds only its own rows; the results are identical up to float reduction order.
+feeds only its own rows: a training stream makes only them (`put_rows`, `abstract_rows`:
+its share, research/data/stream.py's `select`), an evaluation batch is cut (`put_batch`,
+`abstract_batch`); the results are identical up to float reduction order.
 """
 
 from collections.abc import Callable
@@ -43,8 +45,17 @@ class MeshStrategy:
     return jax.device_put(state, self.replicated)
 
   def put_batch(self, batch: dict):
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x),
-                        host_rows(batch))
+    return self.put_rows(host_rows(batch))
+
+  def put_rows(self, rows: dict):
+    """This process's share of a global batch, placed as the global batch."""
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.split, x), rows)
+
+  def abstract_rows(self, rows: dict):
+    """ShapeDtypeStructs of the global batch of which `rows` are this process's share."""
+    return self.abstract_batch(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((x.shape[0] * jax.process_count(), *x.shape[1:]),
+                                       x.dtype), rows))
 
   def abstract_state(self, shapes):
     """ShapeDtypeStructs of the state as put_state places it."""
@@ -112,9 +123,14 @@ class PmapStrategy:
         state)
 
   def put_batch(self, batch: dict):
-    rows = host_rows(batch)
+    return self.put_rows(host_rows(batch))
+
+  def put_rows(self, rows: dict):
     return jax.tree.map(lambda x: jax.device_put(
         x.reshape(len(self.devices), -1, *x.shape[1:]), self.stacked), rows)
+
+  def abstract_rows(self, rows: dict):
+    return self.abstract_batch(rows)            # one process: its rows are the batch
 
   def compile_step(self, step: Callable, state, batch) -> Callable:
     return jax.pmap(step, axis_name=AXIS, donate_argnums=0).lower(state, batch).compile()
