@@ -19,6 +19,8 @@ is scored with a sliding window (research/experiments/char_lm.py).
 
 `sample` draws continuations of a prompt (temperature, top-k) from either kind.
 Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters; logits are float32.
+With `remat` (remat.py) each block, or each layer of the recurrent stack, is recomputed in
+the backward pass instead of keeping its activations.
 """
 
 from typing import Any

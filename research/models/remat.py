@@ -6,12 +6,12 @@ instead of kept from the forward pass (`jax.checkpoint`, as `flax.linen.remat` l
   block    each block keeps its inputs alone and runs its forward pass again in the
            backward pass (JAX's default policy: nothing saveable): one block's activations
            live at a time, the inputs of every block (x [B, L, F]) besides, for about one
-           more forward pass of compute (≈ 4/3 of a step's without remat)
+           more forward pass of compute (≈ 4/3 of a step's flops without remat)
   dots_saveable                       the outputs of every matrix product are kept, the
                                       rest (softmax, gelu, norms, dropout masks) recomputed
   dots_with_no_batch_dims_saveable    only the products without batch dimensions are kept
-                                      (x W of the projections and the MLP, not
-                                      attention's q kᵀ and p v, which grow with L²)
+                                      (x W of the projections and the MLP), not the
+                                      batched ones of attention (q kᵀ [B, H, L, L], p v)
 
 The named policies are `jax.checkpoint_policies`' (MaxText's `remat_policy` names):
 between none and block in memory and compute. `nothing_saveable` is "block" and
@@ -19,11 +19,19 @@ between none and block in memory and compute. `nothing_saveable` is "block" and
 gradients whatever the choice (the same operations, run again), and the same parameters
 under the same names: a checkpoint written with one choice restores under any other.
 
+What a block is: a TransformerBlock of BlockStack (kinds transformer, lru, s5); for the
+recurrent kinds (rnn, lstm, gru), whose layers research.recurrent stacks in one module,
+each layer and direction of that stack (its fused loop's gate activations [B, T, G·H]
+recomputed, its input kept; `RecurrentLayer.remat_layer`), and so for Seq2Seq's encoder;
+not Seq2Seq's decoder, one cell stepped through time.
+
 `remat` wraps the function that runs a block (its first argument the block's module):
 Python arguments such as `train` are closed over by that function, not traced, so no
 `static_argnums` are needed. `prevent_cse` stays on (JAX's default): the blocks run in a
-Python loop, not inside a `scan`, where XLA's common-subexpression elimination could
-otherwise merge the recomputation with the forward pass and keep the activations after all.
+Python loop, not inside a `scan`, and without it XLA's common-subexpression elimination
+could merge the recomputation with the forward pass and keep the activations after all.
+The saving is the GPU's and TPU's: XLA's CPU backend drops the optimisation barriers that
+keep the recomputation late, and a CPU step's memory does not fall.
 """
 
 from collections.abc import Callable

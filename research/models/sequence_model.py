@@ -18,7 +18,8 @@ The head is a Dense layer on every position ("per_position": [B, L, num_outputs]
 the last one ("last": [B, num_outputs]); the last position of a recurrent model, or of
 causal blocks, has read the whole sequence, and every position of the non-causal blocks
 sees every other. Matrix products run in `dtype` (e.g. bfloat16) with float32
-parameters; the outputs are float32.
+parameters; the outputs are float32. With `remat` (remat.py) each block, or each layer of
+the recurrent stack, is recomputed in the backward pass instead of keeping its activations.
 """
 
 import flax.linen as nn
