@@ -21,7 +21,7 @@ import nmt_dates  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-NMT_TINY = {"data.train_examples": 512, "data.eval_examples": 32, "data.test_examples": 32,
+NMT_TINY = {"data.train_examples": 256, "data.eval_examples": 32, "data.test_examples": 32,
             "model.embed_size": 16, "model.hidden_size": 32, "train.batch_size": 32,
             "train.learning_rate": 1e-2, "train.warmup_steps": 0}
 EXPERIMENTS = {  # name: config with training settings for a short run
@@ -31,7 +31,7 @@ EXPERIMENTS = {  # name: config with training settings for a short run
         "model.mlp_size": 64, "train.learning_rate": 3e-3}),
     "nmt_dates": lambda: apply_overrides(nmt_dates.get_config(), NMT_TINY),
 }
-STEPS = 80
+STEPS = 50
 
 
 def _train(config):

@@ -11,8 +11,8 @@ import tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("multiprocess")]
 
-RUN = {"train.num_steps": 120, "train.batch_size": 16, "train.eval_every": 60,
-       "train.checkpoint_every": 60}
+RUN = {"train.num_steps": 80, "train.batch_size": 16, "train.eval_every": 40,
+       "train.checkpoint_every": 40}
 
 
 def _free_port() -> int:
@@ -61,7 +61,7 @@ def test_two_processes_stop_together_resume_and_set_aside_like_one_process(tmp_p
   workdir = str(tmp_path / "two")
 
   processes = _start_two(workdir, **RUN)
-  tiny.wait_for_step(workdir, 20, processes[0])
+  tiny.wait_for_step(workdir, 10, processes[0])
   processes[1].send_signal(signal.SIGTERM)
   stopped = [(p.wait(timeout=600), p.communicate()[1]) for p in processes]
   steps = set()
@@ -69,7 +69,7 @@ def test_two_processes_stop_together_resume_and_set_aside_like_one_process(tmp_p
     assert status == 0, stderr[-3000:]
     steps.add(int(stderr.split("SIGTERM at step ")[1].split(":")[0]))
   (step,) = steps                                     # the same step on both processes
-  assert 20 <= step < RUN["train.num_steps"] and step in _checkpoints(workdir)
+  assert 10 <= step < RUN["train.num_steps"] and step in _checkpoints(workdir)
   assert _progress_lines(stopped[0][1]) and not _progress_lines(stopped[1][1])  # process 0 writes
 
   resumed = _two_processes(workdir, **RUN)
