@@ -1,7 +1,7 @@
 """Every experiment compiled for hardware this machine does not have (`--compile_only`):
-each default config, the listops `lra` preset in bfloat16 and char_lm's transformer, for
-one v5e chip (Colab's TPU; not the models a v4-8 compile covers, SKIPPED), a v4-8 slice
-(8 devices: the gradients' all-reduce) and an H100, each holding the kernel the attention
+each default config, the listops `lra` preset in bfloat16 and char_lm's transformer, each
+for a TPU (one v5e chip, Colab's, or a v4-8 slice: 8 devices, the gradients' all-reduce)
+and where its kernels differ for an H100 (CASES), each holding the kernel the attention
 registry chose for that platform; a sweep, each point into its own directory, or nothing
 written when a point is refused (cuDNN on a T4, named with its compute capability); and,
 through launch.py, the report file and an oversized batch refused in one line with each
@@ -40,17 +40,14 @@ CONFIGS = {
     "char_lm_transformer": "experiments/char_lm.py:model=transformer",
     "kernel_regression": "experiments/kernel_regression.py",
 }
-TARGETS = ("tpu-v5e-1", "tpu-v4-8", "h100")
+# Each model once for a TPU and, where its kernels differ there, once for a GPU: the v4-8 for
+# the recurrences (its 8 chips: the gradients' all-reduce), the v5e for ListOps' splash
+# kernel (Colab's TPU), the H100 for cuDNN (ListOps in bfloat16) and our Triton kernel
+# (char_lm's transformer in float32).
+CASES = [("nmt_dates", "tpu-v4-8"), ("sequence_tasks", "tpu-v5e-1"), ("sequence_tasks", "h100"),
+         ("listops_lra_bf16", "tpu-v5e-1"), ("listops_lra_bf16", "h100"), ("char_lm", "tpu-v4-8"),
+         ("char_lm_transformer", "h100"), ("kernel_regression", "tpu-v5e-1")]
 LRA_LAYERS = 1
-LRA_CASES = {("listops_lra_bf16", "tpu-v5e-1"), ("listops_lra_bf16", "h100")}
-# One TPU compile of each model is enough where it has no TPU kernel or one the v4-8 already
-# compiles (nmt_dates' and char_lm's recurrences; the char_lm transformer's splash kernel,
-# ListOps' on the v5e): a v5e compile of them (10–30 s each) would check nothing more.
-SKIPPED = {("char_lm_transformer", "tpu-v5e-1"), ("nmt_dates", "tpu-v5e-1"),
-           ("char_lm", "tpu-v5e-1")}
-CASES = [(name, target) for name in CONFIGS for target in TARGETS
-         if (not name.startswith("listops") or (name, target) in LRA_CASES)
-         and (name, target) not in SKIPPED]
 
 
 def _config(name: str):
