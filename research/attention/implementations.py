@@ -16,7 +16,7 @@ or strided, BigBird; it stands for banded's required window), "lengths"
 `key_value_seq_lengths`, "weights" `return_weights=True`;
 cpu* is Pallas interpret mode (slow: for tests, taken by name only). Causal attention is
 no capability: every implementation does it. cuDNN also refuses a two-sided window, a
-window with a mask or bias, head dims it cannot take and odd lengths with a bias
+window with a mask or bias, head dims it cannot take and odd lengths (one query aside)
 (`kernels/cudnn.py`), and is skipped where the cuDNN library is not installed.
 
 `implementation="auto"` picks, for each platform the call is lowered for, the first
