@@ -41,9 +41,9 @@ from research.attention import registry
 from research.errors import ConfigError, WorkdirError
 from research.training import parallel, remedies, train_step
 from research.training import workdir as workdirs
-from research.training.compile import compile_checked, gib, refusals_as_config_errors
+from research.training.compile import compile_checked, gib
 from research.training.experiment import Experiment
-from research.training.loop import check_config, validate_experiment
+from research.training.loop import check_config, state_shapes_and_step, validate_experiment
 from research.training.sweep import check_sweep_workdir, point_configs, point_name
 from research.training.validation import check_shared
 
@@ -158,11 +158,8 @@ def compile_report(config, experiment: Experiment, name: str, target: targets.Ta
        registry.recording_choices() as choices:
     def train_step_of(variant, workload):
       """(the state's shapes, the train step) of config `variant` for `workload`."""
-      with refusals_as_config_errors():
-        shapes = strategy.abstract_state(
-            jax.eval_shape(lambda rng: train_step.init_state(workload, optimizer, rng), init_rng))
-      return shapes, train_step.make_train_step(workload, optimizer, schedule, step_rng,
-                                                strategy.axis_name, variant.train.grad_accum_steps)
+      return state_shapes_and_step(workload, optimizer, schedule, strategy, init_rng, step_rng,
+                                   variant.train.grad_accum_steps)
 
     shapes, train_fn = train_step_of(config, workload)
     eval_fn = train_step.make_eval_step(workload, strategy.axis_name)

@@ -167,12 +167,8 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
 
   def train_step_of(variant, workload):
     """(the state's shapes, the train step) of config `variant` for `workload`."""
-    init_rng, step_rng = keys()
-    with refusals_as_config_errors():           # init traces the model's attention too
-      shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(workload, optimizer, r),
-                                                      init_rng))
-    return shapes, make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name,
-                                   variant.train.grad_accum_steps)
+    return state_shapes_and_step(workload, optimizer, schedule, strategy, *keys(),
+                                 variant.train.grad_accum_steps)
 
   def remedies_for(workload, batch):
     """The remedies a refusal of the train step for `batch` compiles (remedies.py)."""
@@ -305,6 +301,19 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
                                      for name in (LOSS_PLOT, *heatmaps)})
   wandb_run.summary(final)
   return final
+
+
+def state_shapes_and_step(workload, optimizer, schedule, strategy, init_rng, step_rng,
+                          grad_accum_steps: int):
+  """(the train state's shapes as `strategy` places them, the train step of `workload`
+  accumulating `grad_accum_steps` microbatches): what the loop and --compile_only compile,
+  and each remedy of a refusal (remedies.py). An attention's refusal met while tracing the
+  init is a ConfigError."""
+  with refusals_as_config_errors():           # init traces the model's attention too
+    shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(workload, optimizer, r),
+                                                    init_rng))
+  return shapes, make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name,
+                                 grad_accum_steps)
 
 
 def own_rows(stream):

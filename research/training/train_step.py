@@ -102,11 +102,11 @@ def accumulated_gradients(loss: Callable, loss_weight: Callable | None, count: i
       sums, weights = totals
       return (jax.tree.map(lambda t, x: t + weight * x, sums, found), weights + weight), None
 
-    first = jax.tree.map(lambda x: x[0], microbatches(batch, count))
-    shapes = jax.eval_shape(value_and_grad, params, first, rng)
+    parts = microbatches(batch, count)
+    shapes = jax.eval_shape(value_and_grad, params, jax.tree.map(lambda x: x[0], parts), rng)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     (sums, weights), _ = lax.scan(add, (zeros, jnp.zeros((), jnp.float32)),
-                                  (jnp.arange(count), microbatches(batch, count)))
+                                  (jnp.arange(count), parts))
     return jax.tree.map(lambda t: t / weights, sums)
 
   return gradients
