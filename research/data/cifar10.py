@@ -15,8 +15,9 @@ sequence, rows top to bottom. That function computes, in float32,
   y = 0.2989 · (R · 1/255) + 0.5870 · (G · 1/255) + 0.1140 · (B · 1/255)
   grey = trunc(y · 255.5)
 
-(about floor(1.002 · luma), not round(luma): (0, 122, 186) is 93). `grey_levels` follows it
-operation by operation in float32; it agrees with TensorFlow 2.21 on all 2^24 colours.
+(about floor(1.002 · luma): (0, 0, 7) is 0, not round(luma) = 1; and float32 matters: (0, 122,
+186) is 93, the same formula in float64 gives 92). `grey_levels` follows it operation by
+operation in float32; it agrees with TensorFlow 2.21 on all 2^24 colours.
 
 Splits as LRA's: train[:90%], train[90%:] and test, 45 000, 5 000 and 10 000 pictures. tfds
 stores the training pictures in an order of its own (a hash), so LRA's 5 000 validation pictures

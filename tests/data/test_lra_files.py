@@ -117,7 +117,7 @@ def tf_grey(planar: np.ndarray) -> np.ndarray:
 
 
 # (R, G, B) -> tf.image.rgb_to_grayscale's grey level, as TensorFlow 2.21 computes it (the first
-# three differ from the formula in float64 and from round(luma)).
+# three differ from the same formula in float64, (0, 0, 7) from round(luma)).
 TF_GREYS = {(0, 122, 186): 93, (3, 121, 122): 86, (5, 171, 227): 128, (0, 0, 7): 0,
             (255, 255, 255): 255, (1, 226, 64): 140, (152, 150, 127): 148, (0, 0, 0): 0}
 
