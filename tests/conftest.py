@@ -6,16 +6,26 @@ and are skipped where those are missing): `python3 project.py quick` leaves out 
 Parity tests state the float32 matrix precision they need with the `highest_precision`
 fixture (`pytestmark = pytest.mark.usefixtures("highest_precision")`): JAX's default on an
 NVIDIA GPU is TF32 (10-bit mantissa in products), which breaks comparisons against
-float32 references at tolerances like 1e-5."""
+float32 references at tolerances like 1e-5.
+
+On the CPU, tests compile with LLVM's optimisations off (`COMPILE_QUICKLY`, in XLA_FLAGS, which
+the launch.py and notebook subprocesses inherit): they compile hundreds of small programs and
+run each a few times, so compiling is most of their time, and this takes about a quarter off
+it. The programs compute the same values; only how fast their machine code runs changes."""
 
 import importlib.util
+import os
 import pathlib
 
+import jax
 import pytest
 
 from research import jax_start
 
 jax_start.cpu_unless_accelerators()   # the compile-only toolchains, without probing for chips
+COMPILE_QUICKLY = "--xla_backend_optimization_level=0"
+if jax.config.jax_platforms == "cpu":   # XLA_FLAGS is read when JAX's backends start
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMPILE_QUICKLY}".strip()
 ACCELERATOR_MARKERS = ("gpu", "tpu")
 MARKERS_FILE = pathlib.Path(__file__).with_name("markers.txt")
 AOT_MODULES = ("libtpu", "jax_cuda12_plugin", "nvidia.cudnn")   # what the `aot` extra installs
@@ -58,8 +68,6 @@ def pytest_collection_modifyitems(config, items):
   needing = [item for item in items if any(m in item.keywords for m in ACCELERATOR_MARKERS)]
   if not needing:
     return
-  import jax  # noqa: PLC0415 - only when an accelerator test was collected
-
   backend = jax.default_backend()
   for item in needing:
     for marker in ACCELERATOR_MARKERS:
@@ -72,7 +80,5 @@ def highest_precision():
   """The test runs under `jax.default_matmul_precision("highest")`: full float32 products in
   every matmul / einsum / dot it traces (eager, op by op or under a jit it compiles while the
   test runs: the setting is part of jit's cache key), whatever the backend's default."""
-  import jax  # noqa: PLC0415 - only tests that use it pay for the import
-
   with jax.default_matmul_precision("highest"):
     yield

@@ -8,10 +8,12 @@ through launch.py, the report file and an oversized batch refused in one line wi
 remedy's memory, the workdir left as found (the refusals that come before compiling:
 tests/training/test_launch_rules.py).
 
-LRA's model is compiled here for the v5e and the H100 only, in bfloat16 and with one of its
-six layers (its lengths, widths and kernels, the same in every layer; the layers are
-unrolled, so each adds to the compile): `python3 project.py bench compile_targets` compiles
-the whole model for every target."""
+LRA's model is compiled here for the H100 only, in bfloat16 and with one of its six layers
+(its lengths, widths and kernels, the same in every layer; the layers are unrolled, so each
+adds to the compile): `python3 project.py bench compile_targets` compiles the whole model for
+every target, the v5e's splash kernel included (Mosaic's compile of its three kernels takes
+about a minute of a core whatever the length, so the suite checks only that splash lowers
+there: tests/attention/test_lowering.py)."""
 
 import json
 import os
@@ -41,12 +43,12 @@ CONFIGS = {
     "kernel_regression": "experiments/kernel_regression.py",
 }
 # Each model once for a TPU and, where its kernels differ there, once for a GPU: the v4-8 for
-# the recurrences (its 8 chips: the gradients' all-reduce), the v5e for ListOps' splash
-# kernel (Colab's TPU), the H100 for cuDNN (ListOps in bfloat16) and our Triton kernel
-# (char_lm's transformer in float32).
+# the recurrences (its 8 chips: the gradients' all-reduce), the v5e (Colab's TPU) for the
+# others but ListOps (see above), the H100 for cuDNN (ListOps in bfloat16) and our Triton
+# kernel (char_lm's transformer in float32).
 CASES = [("nmt_dates", "tpu-v4-8"), ("sequence_tasks", "tpu-v5e-1"), ("sequence_tasks", "h100"),
-         ("listops_lra_bf16", "tpu-v5e-1"), ("listops_lra_bf16", "h100"), ("char_lm", "tpu-v4-8"),
-         ("char_lm_transformer", "h100"), ("kernel_regression", "tpu-v5e-1")]
+         ("listops_lra_bf16", "h100"), ("char_lm", "tpu-v4-8"), ("char_lm_transformer", "h100"),
+         ("kernel_regression", "tpu-v5e-1")]
 LRA_LAYERS = 1
 
 
@@ -80,8 +82,6 @@ def test_every_experiment_compiles_for_each_target_with_its_kernels(name, target
       assert "all-reduce" in compiled["collectives"]   # the gradients' mean over 8 devices
   if target.startswith("tpu"):
     assert report["steps"]["train"]["flops"] > 0
-  if name == "listops_lra_bf16" and target.startswith("tpu"):
-    assert report["attention"] == ["pallas_tpu"]       # splash, and it fits 16 GiB
   if name == "char_lm_transformer" and target == "h100":
     assert report["attention"] == ["pallas_gpu"]       # float32: our Triton kernel
 

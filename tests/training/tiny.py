@@ -43,8 +43,10 @@ COMPILATION_CACHE = os.path.join(tempfile.gettempdir(), f"research-tests-xla-cac
 
 def environment(devices: int = 1) -> dict:
   """A launch.py subprocess's environment: `devices` CPU devices, and JAX's persistent
-  compilation cache, so the many runs of the tiny config compile its steps once."""
-  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  compilation cache, so the many runs of the tiny config compile its steps once; the test
+  session's other XLA flags (tests/conftest.py) stay."""
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+  return {**os.environ, "XLA_FLAGS": flags.strip(),
           "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": COMPILATION_CACHE,
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
