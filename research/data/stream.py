@@ -86,8 +86,8 @@ class ShuffledStream(Share):
     buckets      lengths [N] and ascending `boundaries` (the last ≥ max(lengths)): example i
                  is in the first bucket whose boundary is ≥ lengths[i]; each bucket is
                  permuted and cut into whole batches, and the epoch visits all of them in
-                 a shuffled order. The arrays named in `trim` are cut along axis 1 to
-                 their bucket's boundary, so short examples make short batches (one
+                 a shuffled order. The arrays named in `trim` are cut along their last
+                 axis (the positions: [N, L], or [N, 2, L] for pairs) to their bucket's boundary, so short examples make short batches (one
                  compiled step per bucket instead of padding everything to the longest).
   """
 
@@ -137,7 +137,7 @@ class ShuffledStream(Share):
     rows, boundary = self._batches(epoch)[index]
     rows = rows[self.start:self.stop]
     self.step += 1
-    return {name: a[rows, :boundary] if name in self.trim else a[rows]
+    return {name: a[rows, ..., :boundary] if name in self.trim else a[rows]
             for name, a in self.arrays.items()}
 
   def get_state(self) -> dict:
@@ -154,7 +154,8 @@ def eval_batches(arrays: Batch, batch_size: int, lengths: np.ndarray | None = No
   The last batch is padded by repeating an example; each batch carries a float32
   `weight` [batch_size] that is 1 for real examples and 0 for padding. With lengths [N]
   and boundaries (as in ShuffledStream) the examples come shortest first and the arrays
-  named in `trim` are cut along axis 1 to the smallest boundary ≥ their batch's longest.
+  named in `trim` are cut along their last axis to the smallest boundary ≥ their batch's
+  longest.
   """
   size = len(next(iter(arrays.values())))
   order = np.arange(size) if lengths is None else np.argsort(lengths, kind="stable")
@@ -166,6 +167,6 @@ def eval_batches(arrays: Batch, batch_size: int, lengths: np.ndarray | None = No
     boundary = None
     if lengths is not None:
       boundary = boundaries[np.searchsorted(np.asarray(boundaries), lengths[rows].max())]
-    batches.append({**{name: a[rows, :boundary] if name in trim else a[rows]
+    batches.append({**{name: a[rows, ..., :boundary] if name in trim else a[rows]
                        for name, a in arrays.items()}, "weight": weight})
   return batches

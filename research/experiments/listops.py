@@ -25,11 +25,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from research.data import listops
-from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError, InputError
+from research.experiments.classification import bucket_boundaries, classification_workload
 from research.experiments.registry import register
 from research.experiments.stack_config import (
   check_stack_keys,
@@ -41,7 +40,7 @@ from research.models.block_stack import POSITIONS
 from research.models.encoder_classifier import POOLINGS, EncoderClassifier
 from research.models.kinds import BLOCK_KINDS
 from research.models.transformer_block import NORMS
-from research.training.experiment import Inference, Model, Report, Workload
+from research.training.experiment import Inference, Model, Workload
 from research.training.validation import (
   check_choice,
   check_host_memory,
@@ -50,7 +49,6 @@ from research.training.validation import (
 )
 
 SPLITS = ("train", "val", "test")
-BUCKET_MULTIPLE = 64
 # LRA's recipe draws trees longer than 5000 tokens less than once in 10 000 draws (the
 # longest of 300 000 draws with seed 0: 5883): shorter minimums only.
 MAX_MIN_TREE_LENGTH = 5000
@@ -212,14 +210,6 @@ def encode(pairs: list[tuple[str, int]], path: str, brackets: bool, max_length: 
           "labels": np.array([label for _, label in pairs], np.int32)}
 
 
-def bucket_boundaries(lengths: np.ndarray, count: int, max_length: int) -> tuple[int, ...]:
-  """`count` quantiles of `lengths`, rounded up to a multiple of 64 and capped at
-  max_length (which is always the last), without repeats."""
-  quantiles = np.quantile(lengths, np.arange(1, count) / count) if count > 1 else []
-  rounded = {min(max_length, -(-int(q) // BUCKET_MULTIPLE) * BUCKET_MULTIPLE) for q in quantiles}
-  return tuple(sorted(rounded | {max_length}))
-
-
 def load_data(config) -> Data:
   d = config.data
   paths = split_files(config)
@@ -281,48 +271,11 @@ def inference(config, model, extras) -> Inference:
        "classes": list(listops.CLASS_NAMES)})
 
 
-def batches(split: dict[str, np.ndarray], batch_size: int, boundaries) -> list[dict]:
-  """Every example of a split once, bucketed (see eval_batches)."""
-  return eval_batches(split, batch_size, split["lengths"], boundaries, trim=("tokens",))
-
-
 def build(config, data: Data | None = None) -> Workload:
   """Model, data and loss for config (validated); see research/training/experiment.py."""
   data = load_data(config) if data is None else data
   model, init, _ = build_model(config)
-  train = data.splits["train"]
-
-  def example_metrics(logits, labels):
-    cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    ones = jnp.ones_like(correct)
-    return {"loss": (cross_entropy, ones), "accuracy": (correct, ones)}
-
-  def loss(params, batch, rng):
-    logits = model.apply({"params": params}, batch["tokens"], batch["lengths"], train=True,
-                         rngs={"dropout": rng})
-    metrics = {name: n.mean() for name, (n, _) in example_metrics(logits, batch["labels"]).items()}
-    return metrics.pop("loss"), metrics
-
-  def evaluate(params, batch):
-    logits = model.apply({"params": params}, batch["tokens"], batch["lengths"])
-    return example_metrics(logits, batch["labels"])
-
-  evaluate_jit = jax.jit(evaluate)
-
-  def report(params) -> Report:
-    sums = {}
-    for batch in batches(data.splits["test"], config.train.batch_size, data.boundaries):
-      weight = batch.pop("weight")
-      for name, (n, d) in jax.device_get(evaluate_jit(params, batch)).items():
-        sums[name] = sums.get(name, np.zeros(2)) + [np.sum(weight * n), np.sum(weight * d)]
-    return Report({f"test/{name}": float(n / d) for name, (n, d) in sums.items()})
-
-  return Workload(init=init,
-              train_data=ShuffledStream(train, config.train.batch_size, config.seed,
-                                        train["lengths"], data.boundaries, trim=("tokens",)),
-              eval_data=batches(data.splits["val"], config.train.batch_size, data.boundaries),
-              loss=loss, evaluate=evaluate, report=report)
+  return classification_workload(config, model, init, data.splits, data.boundaries)
 
 
 register("listops", validate=validate, build=build,

@@ -39,10 +39,14 @@ class EncoderClassifier(StackFields):
     check_choice("pooling", self.pooling, POOLINGS)
     x = BlockStack(**self.stack_fields(), kind=self.kind, vocab_size=self.vocab_size,
                    cls=self.pooling == "cls", name="stack")(tokens, lengths, train=train)
-    if self.pooling == "cls":
-      pooled = x[:, 0]
-    else:
-      real = (jnp.arange(x.shape[1])[None, :] < lengths[:, None])[..., None]
-      pooled = (x * real).sum(1) / jnp.maximum(lengths, 1)[:, None].astype(x.dtype)
     return nn.Dense(self.num_classes, dtype=jnp.dtype(self.dtype), name="head")(
-        pooled).astype(jnp.float32)
+        pool(x, lengths, self.pooling)).astype(jnp.float32)
+
+
+def pool(features: Array, lengths: Array, pooling: str) -> Array:
+  """The stack's features [B, L (+ 1), F] -> [B, F]: "cls" the CLS position (0), "mean" the
+  mean over the real positions t < length."""
+  if pooling == "cls":
+    return features[:, 0]
+  real = (jnp.arange(features.shape[1])[None, :] < lengths[:, None])[..., None]
+  return (features * real).sum(1) / jnp.maximum(lengths, 1)[:, None].astype(features.dtype)

@@ -31,7 +31,7 @@ import numpy as np
 from research.attention import registry
 from research.data import listops
 from research.errors import InputError, excerpt
-from research.experiments.listops import BUCKET_MULTIPLE
+from research.experiments.classification import BUCKET_MULTIPLE
 from research.predict.runs import check_experiment
 from research.predict.static import ByIdentity
 
