@@ -157,14 +157,19 @@ def read_release(root: str | os.PathLike, resolution: int, difficulty: str | int
   root is the folder holding pathfinder32/ etc. (lra_release/ once unpacked). Images are
   taken in the order of metadata/<k>.npy by k, then line by line; empty image files are
   dropped (as LRA does); then the first 80% are train, the next 10% val, the last 10% test
-  (LRA's proportions: LRA's TFDS builder orders the examples by a hash of their keys first, so
-  its split holds other images). Raises InputError naming the folder, the metadata file and
-  line, or the image, and what was expected: a missing folder, no metadata, a malformed line,
-  a missing or unreadable image, or one of another size.
+  (LRA's proportions; LRA's TFDS builder stores the examples in an order of its own, by a hash
+  of their keys, before it splits them, so its three splits hold other images).
+
+  Raises InputError naming the folder, the metadata file and line, or the image, and what was
+  expected: a missing folder, no metadata, a malformed line, a missing or unreadable image,
+  or one of another size.
   """
   folder = release_folder(root, resolution, difficulty)
   examples = [(path, label) for metadata in _metadata_files(folder)
               for path, label in _metadata_entries(folder, metadata)]
+  if not examples:
+    raise InputError(f"{os.path.join(folder, 'metadata')}: its files list no images; expected "
+                     f"lines {METADATA_LINE}")
   tokens, labels = [], []
   for (path, where), label in examples:
     image = _read_image(path, where, resolution)
@@ -225,7 +230,7 @@ def _metadata_entries(folder: str, metadata: str) -> list[tuple[tuple[str, str],
     if not fields:
       continue
     where = f"{metadata}:{number}"
-    parts = fields[0].replace("\\", "/").split("/") if fields else []
+    parts = fields[0].replace("\\", "/").split("/")
     if (len(fields) < 4 or not fields[1].endswith(".png") or fields[3] not in ("0", "1")
         or os.path.isabs(fields[0]) or ".." in parts or "/" in fields[1]):
       raise InputError(f"{where}: expected {METADATA_LINE}, got {excerpt(line)}")

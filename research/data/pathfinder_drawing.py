@@ -30,19 +30,21 @@ on two different paths.
   connected can be read from the drawing. At 32 x 32 the pixels blur each stroke by about a
   pixel, so the images themselves do not always show it; drawn with `zoom` 4 they do
   (tests/data/test_pathfinder.py checks it with scipy).
-* Drawn antialias_scale times finer (paddles as flat-ended strokes and markers as discs, both
-  with a soft edge of one fine pixel; paddles at `paddle_contrast` times the markers' grey),
-  averaged over antialias_scale^2 blocks (the original used a Lanczos resize), and scaled so
-  each image's brightest pixel is 255 (the original's scipy.misc.imsave scaled each image so).
+* Each paddle (a flat-ended stroke) and marker (a disc), both with a soft edge of one fine
+  pixel, is drawn antialias_scale times finer, averaged down over antialias_scale^2 blocks
+  on its own (the original: a Lanczos resize) and scaled to a peak of paddle_contrast (1 for
+  markers), as the original's per-paddle imresize did; the strokes combine by their maximum,
+  and each image is scaled so its brightest pixel is 255 (the original's imsave did). So at
+  32 x 32 (contrast 1.5) the dashes are white and the markers grey, as in LRA's images.
 
 How: a grid of antialias_scale cells per pixel holds each paddle's keep-out zone (its cells
 marked with the paddle's slot + 1, -1 where zones of several paddles meet or for markers); a
 new paddle may lie only on free cells or on the zone of the paddle before it. Zones come from
 precomputed masks per direction and sub-cell position, widened by the masks' and the grid's
 rounding so that the keep-out distances above hold exactly. Attempts at the two target paths
-are drawn many at once on a scratch grid (at 32 x 32 hard 1 attempt in about 38 succeeds, at
-64 x 64 hard 1 in 250: the paths are long for the frame), and each image takes the next
-success for its label and margin.
+are drawn many at once on a scratch grid, and each image takes the next success for its label
+and margin: long paths seldom fit the frame (about 1 attempt in 30 succeeds at 32 x 32 hard,
+1 in 300 at 128 x 128 hard, 1 in 1700 at 64 x 64 hard, whose 14 paddles of 7 px barely turn).
 """
 
 import dataclasses
@@ -76,7 +78,7 @@ class Recipe:
   marker_radius: float
   seed_distance: float             # between the starts of the two target paths
   padding: float                   # paddles stay this far inside the image
-  paddle_contrast: float           # paddle grey / marker grey
+  paddle_contrast: float           # a paddle's peak grey, a marker's being 1
   antialias_scale: int = 2         # drawn this many times finer, then averaged down
   clearance: float = 1.0           # ours: extra room between paths (the module docstring)
 
@@ -167,10 +169,12 @@ class _Board:
     own = own.astype(np.int8).reshape(own.shape + (1,) * (marks.ndim - 1))
     return (inside & ((marks == 0) | (marks == own))).all(-1)
 
-  def place(self, rows: np.ndarray, slot: int, tails: np.ndarray, heads: np.ndarray) -> None:
+  def place(self, rows: np.ndarray, slot: int, tails: np.ndarray, heads: np.ndarray,
+            marked: bool = True) -> None:
     """Puts paddles tails -> heads [n, 2] in `slot` of `rows`; marks their zones slot + 1."""
     self.tails[rows, slot], self.heads[rows, slot], self.drawn[rows, slot] = tails, heads, True
-    self.mark(rows, tails, heads, self.recipe.paddle_length, 0.0, slot + 1)
+    if marked:
+      self.mark(rows, tails, heads, self.recipe.paddle_length, 0.0, slot + 1)
 
   def mark(self, rows: np.ndarray, tails: np.ndarray, heads: np.ndarray, length: float,
            extra: float, mark: int) -> None:
@@ -201,6 +205,13 @@ class _Board:
     """Points [..., S, 2] along segments [..., 2], at most a cell apart."""
     return tails[..., None, :] + self.fractions * (heads - tails)[..., None, :]
 
+  def far(self, points: np.ndarray, tails: np.ndarray, heads: np.ndarray, distance
+          ) -> np.ndarray:
+    """Whether the segment that `points` [..., S, 2] sample lies at least `distance` from the
+    segments tails -> heads [..., 2] (every point of it is within half a cell of a sample)."""
+    return _distance(points, tails[..., None, :], heads[..., None, :]).min(-1) >= (
+        distance + 0.5 / self.scale)
+
 
 @functools.lru_cache(maxsize=16)
 def _zone_masks(length: float, radius: float) -> tuple[np.ndarray, np.ndarray]:
@@ -216,13 +227,12 @@ def _zone_masks(length: float, radius: float) -> tuple[np.ndarray, np.ndarray]:
   corners = np.floor(np.minimum(0, length * ways) - reach).astype(np.int64) - 1
   steps = np.arange(math.ceil(length + 2 * reach) + 3)
   starts = (np.arange(OFFSETS) + 0.5) / OFFSETS
-  y = (corners[:, 0, None, None, None, None] + steps[:, None] + 0.5
-       - starts[:, None, None, None])                                     # [A, Q, 1, W, 1]
-  x = (corners[:, 1, None, None, None, None] + steps[None, :] + 0.5
-       - starts[None, :, None, None])                                     # [A, 1, Q, 1, W]
-  along = (length * ways)[:, None, None, None, None, :]
-  t = np.clip((y * along[..., 0] + x * along[..., 1]) / max(length, 1e-9) ** 2, 0, 1)
-  masks = (y - t * along[..., 0]) ** 2 + (x - t * along[..., 1]) ** 2 <= reach ** 2
+  masks = np.zeros((angles, OFFSETS, OFFSETS, len(steps), len(steps)), bool)
+  for angle, (corner, way) in enumerate(zip(corners, length * ways, strict=True)):
+    y = (corner[0] + steps[:, None] + 0.5 - starts[:, None, None, None])   # [Q, 1, W, 1]
+    x = (corner[1] + steps + 0.5 - starts[:, None, None])                 # [Q, 1, W]
+    t = np.clip((y * way[0] + x * way[1]) / max(length, 1e-9) ** 2, 0, 1)
+    masks[angle] = (y - t * way[0]) ** 2 + (x - t * way[1]) ** 2 <= reach ** 2
   return masks, corners
 
 
@@ -259,8 +269,11 @@ def _unit(angles: np.ndarray) -> np.ndarray:
 
 
 
-def _extend(board: _Board, rows: np.ndarray, slot: int, rng: np.random.Generator) -> np.ndarray:
-  """Adds to `rows` the paddle after slot - 1, in `slot`; returns which rows found room."""
+def _extend(board: _Board, rows: np.ndarray, slot: int, rng: np.random.Generator,
+            trying: int | None = None) -> np.ndarray:
+  """Adds to `rows` the paddle after slot - 1, in `slot`; returns which rows found room.
+  `trying`: the first slot of a path being tried (a distractor), not yet on the grid: the
+  new paddle keeps keep_out from its paddles before slot - 1 by distance, and is not marked."""
   recipe = board.recipe
   tails, heads = board.tails[rows, slot - 1], board.heads[rows, slot - 1]
   margin = board.margins[rows][:, None, None]
@@ -271,12 +284,19 @@ def _extend(board: _Board, rows: np.ndarray, slot: int, rng: np.random.Generator
   ways = _unit(direction[:, None] + turns)                                    # [n, K, 2]
   new_tails = pivot[:, None] + margin * ways
   new_heads = pivot[:, None] + (margin + recipe.paddle_length) * ways
-  free = board.free(rows, board.points(new_tails, new_heads), np.full(len(rows), slot))
+  points = board.points(new_tails, new_heads)                                 # [n, K, S, 2]
+  if trying is None:
+    free = board.free(rows, points, np.full(len(rows), slot))
+  else:
+    free = board.free(rows, points, np.zeros(len(rows)))
+    for before in range(trying, slot - 1):
+      free &= board.far(points, board.tails[rows, before, None], board.heads[rows, before, None],
+                        board.keep_out[rows, None])
   weights = np.cumsum(np.cos(recipe.continuity * turns) ** 2 * free, -1)      # [n, K]
   ok = weights[:, -1] > 0
   pick = (weights < rng.random((len(rows), 1)) * weights[:, -1:]).sum(-1)
   pick = np.minimum(pick, CANDIDATES - 1)[ok]
-  board.place(rows[ok], slot, new_tails[ok, pick], new_heads[ok, pick])
+  board.place(rows[ok], slot, new_tails[ok, pick], new_heads[ok, pick], trying is None)
   return ok
 
 
@@ -292,11 +312,10 @@ def _seed_targets(board: _Board, rows: np.ndarray, rng: np.random.Generator) -> 
     ends0 = starts0 + length * _unit(rng.uniform(-np.pi, np.pi, count))
     ends1 = starts1 + length * _unit(rng.uniform(-np.pi, np.pi, count))
     ends = np.stack([starts0, ends0, starts1, ends1], 1)
-    keep = board.keep_out[rows]
-    along1 = board.points(starts1, ends1)
+    keep, along1 = board.keep_out[rows], board.points(starts1, ends1)
     ok = ((ends >= recipe.padding) & (ends <= size - recipe.padding)).all((1, 2))
-    ok &= _distance(along1, starts0[:, None], ends0[:, None]).min(-1) >= keep
-    ok &= np.linalg.norm(along1 - starts0[:, None], axis=-1).min(-1) >= keep + recipe.marker_radius
+    ok &= board.far(along1, starts0, ends0, keep)
+    ok &= board.far(along1, starts0, starts0, keep + recipe.marker_radius)   # path 0's marker
     placed = rows[ok]
     board.place(placed, 0, starts0[ok], ends0[ok])
     board.place(placed, n, starts1[ok], ends1[ok])
@@ -310,11 +329,11 @@ def _draw_targets(recipe: Recipe, labels: np.ndarray, margins: np.ndarray,
   markers [B, 2, 2]: the start of path 0, and the far end of path 0 (label 1) or of path 1.
 
   An attempt fails when a path finds no room to go on or the far marker comes too close to
-  the other path; the original then draws the image again from the start. Long paths rarely
-  fit (at 32 x 32 hard about 1 attempt in 15 succeeds, at 64 x 64 hard 1 in 400), so attempts
-  are drawn many at once on a scratch board, each for the label and margin of a pending image,
-  and the k-th success for a (label, margin) goes to the k-th pending image with them: each
-  image gets the first success of its own sequence of independent attempts, as in the original.
+  the other path; the original then draws the image again from the start. Long paths seldom
+  fit (the module docstring), so attempts are drawn many at once on a scratch board, each for
+  the label and margin of a pending image, and the k-th success for a (label, margin) goes to
+  the k-th pending image with them: each image gets the first success of its own sequence of
+  independent attempts, as in the original.
   """
   n = recipe.contour_length
   board = _Board(recipe, len(labels))
@@ -369,28 +388,28 @@ def _seed_path(board: _Board, rows: np.ndarray, slot: int, rng: np.random.Genera
   low, high = recipe.padding, recipe.resolution - recipe.padding
   tails = (low + (high - low) * rng.random((len(rows), CANDIDATES, 2))).astype(np.float32)
   heads = tails + recipe.paddle_length * _unit(rng.uniform(-np.pi, np.pi, tails.shape[:2]))
-  free = board.free(rows, board.points(tails, heads), np.zeros(len(rows), np.int8))
+  free = board.free(rows, board.points(tails, heads), np.zeros(len(rows)))
   ok = free.any(-1)
   pick = free.argmax(-1)[ok]
-  board.place(rows[ok], slot, tails[ok, pick], heads[ok, pick])
+  board.place(rows[ok], slot, tails[ok, pick], heads[ok, pick], marked=False)
   return ok
 
 
 def _draw_distractors(board: _Board, rng: np.random.Generator) -> None:
-  """Distractor paths in the slots after the targets; one that finds no room after
-  DISTRACTOR_TRIES starts is left out."""
-  recipe = board.recipe
-  for first in range(2 * recipe.contour_length, board.drawn.shape[1], recipe.distractor_length):
+  """Distractor paths in the slots after the targets, each tried off the grid and marked on
+  it once whole; one that finds no room in DISTRACTOR_TRIES starts is left out."""
+  recipe, length = board.recipe, board.recipe.distractor_length
+  for first in range(2 * recipe.contour_length, board.drawn.shape[1], length):
     rows = np.arange(len(board.grid))
     for _ in range(DISTRACTOR_TRIES):
-      saved = board.grid[rows]
       alive = rows[_seed_path(board, rows, first, rng)]
-      for k in range(1, recipe.distractor_length):
-        alive = alive[_extend(board, alive, first + k, rng)]
-      failed = np.isin(rows, alive, invert=True)
-      board.grid[rows[failed]] = saved[failed]
-      board.drawn[rows[failed], first:first + recipe.distractor_length] = False
-      rows = rows[failed]
+      for slot in range(first + 1, first + length):
+        alive = alive[_extend(board, alive, slot, rng, trying=first)]
+      for slot in range(first, first + length):
+        board.mark(alive, board.tails[alive, slot], board.heads[alive, slot],
+                   recipe.paddle_length, 0.0, slot + 1)
+      rows = rows[np.isin(rows, alive, invert=True)]
+      board.drawn[rows, first:first + length] = False
       if not len(rows):
         break
 
