@@ -49,6 +49,11 @@ SPLITS = (("train", 0.8), ("val", 0.9), ("test", 1.0))   # each split ends at th
 FOLDER_SIZE = 1000            # images per imgs/<k> folder and metadata/<k>.npy
 RECORD = "generated.json"     # ensure_generated's record in the difficulty's folder
 VERSION = 1                   # of the generator's images: a change to them bumps it
+NUM_CLASSES = 2               # 1: the markers are on one path
+VOCAB_SIZE = 256              # grey levels 0–255
+TOKENS = "the image's grey levels 0–255, row by row from the top left"
+SOURCE = ("the folder holding LRA's pathfinder32/, pathfinder64/, pathfinder128/ … "
+          "(lra_release/ of LRA's lra_release.gz), or '' to generate the images")
 METADATA_LINE = "'imgs/<k> sample_<i>.png <i> <label 0|1> …' (LRA's Pathfinder metadata)"
 
 
@@ -264,6 +269,23 @@ def _read_image(path: str, where: str, resolution: int) -> np.ndarray | None:
   return pixels
 
 
+def _record(resolution: int, difficulty: str | int, count: int, seed: int) -> dict:
+  """What ensure_generated's record says of the images it writes (less "complete")."""
+  return {"generator": VERSION, "resolution": resolution,
+          "difficulty": difficulty_name(difficulty), "count": count, "seed": seed}
+
+
+def is_generated(root: str | os.PathLike, resolution: int, difficulty: str | int, count: int,
+                 seed: int) -> bool:
+  """Whether release_folder(root, ...) holds ensure_generated's images of these arguments,
+  complete (so ensure_generated would write nothing)."""
+  try:
+    record = read_json(os.path.join(release_folder(root, resolution, difficulty), RECORD))
+  except (FileNotFoundError, UnreadableFile):
+    return False
+  return record == {**_record(resolution, difficulty, count, seed), "complete": True}
+
+
 def ensure_generated(root: str | os.PathLike, resolution: int, difficulty: str | int,
                      count: int, seed: int) -> None:
   """Writes `count` generated images (`generate`'s, seed `seed`) in LRA's layout under
@@ -277,8 +299,7 @@ def ensure_generated(root: str | os.PathLike, resolution: int, difficulty: str |
   """
   folder = release_folder(root, resolution, difficulty)
   record_path = os.path.join(folder, RECORD)
-  wanted = {"generator": VERSION, "resolution": resolution,
-            "difficulty": difficulty_name(difficulty), "count": count, "seed": seed}
+  wanted = _record(resolution, difficulty, count, seed)
   try:
     record = read_json(record_path)
   except FileNotFoundError:

@@ -5,7 +5,14 @@ and build(config) -> Workload (model, data and pure loss / evaluation functions)
 research/training/experiment.py for the contract and registry.py for adding your own.
 """
 
-from research.experiments import char_lm, kernel_regression, listops, nmt_dates, sequence_tasks  # noqa: F401  (they register themselves)
+from research.experiments import (  # noqa: F401  (they register themselves)
+  char_lm,
+  kernel_regression,
+  listops,
+  lra,
+  nmt_dates,
+  sequence_tasks,
+)
 from research.experiments.registry import get, names, register
 
 __all__ = ["get", "names", "register"]

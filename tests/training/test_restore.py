@@ -233,7 +233,7 @@ def test_restore_refuses_a_workdir_without_a_run_to_restore_and_writes_nothing(
                                 "is cut short or not JSON",
              "unregistered": f"workdir {workdir} holds a run of the experiment 'mine', which "
                              "is not registered here (registered: char_lm, kernel_regression, "
-                             "listops, nmt_dates, sequence_tasks): register it first",
+                             "listops, lra, nmt_dates, sequence_tasks): register it first",
              "without build_model": f"workdir {workdir} holds a run of the experiment 'mine', "
                                     "registered without build_model: register it with one to "
                                     "restore its runs"}[case]

@@ -1,0 +1,218 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Long Range Arena beyond ListOps: Pathfinder, Text, Retrieval, Image
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/lra_tasks.ipynb)
+#
+# Long Range Arena (Tay et al., ICLR 2021) judges efficient attentions on five tasks; the
+# papers that beat it (S4, S5, LRU) are judged on the same five. ListOps has its own notebook
+# (`listops_attention_variants`); here are the other four, `experiments/lra.py`:
+#
+# * **Pathfinder**: is there a path between the two dots? 32 × 32 images read pixel by
+#   pixel (1 024 tokens), generated here with the paper's recipe (`research.data.pathfinder`).
+#   On it the papers' ordering is stark: LRA's transformers 66–77%, S5 and LRU 95%.
+# * **Text** (IMDB reviews as bytes), **Retrieval** (pairs of ACL papers as bytes, a
+#   two-tower encoder) and **Image** (CIFAR-10 as 1 024 grey levels): public data sets,
+#   read from your copy (nothing is downloaded). Point the variables `LRA_TEXT`,
+#   `LRA_RETRIEVAL` and `LRA_IMAGE` at the `aclImdb`, `lra_release/tsv_data` and
+#   `cifar-10-batches-py` folders to train them too.
+#
+# We train every attention and the LRU / S5 blocks on the `cpu` preset of Pathfinder (the
+# `--sweep` of `experiments/lra.py:task=pathfinder,preset=cpu`; a sweep already run into
+# `runs/pathfinder_cpu` is read back instead of retrained) beside LRA's Table 1. CI runs the
+# quick mode: tiny models and data, so its accuracies mean nothing.
+
+# %%
+# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
+# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
+# first. The checkout also goes on sys.path, so `research` imports in this running kernel
+# (pip's editable install is a .pth file, which Python reads only when it starts).
+import os
+import subprocess
+import sys
+
+REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
+if not os.path.exists(os.path.join(root, "pyproject.toml")):
+  subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
+if root not in sys.path:
+  sys.path.insert(0, root)
+from research import notebook
+
+notebook.install(root)
+
+# %%
+import json
+
+import matplotlib.pyplot as plt
+import numpy as np
+from IPython.display import Image, Markdown, display
+
+from research.data import pathfinder
+from research.experiments.lra import LRA_TABLE_1, RECURRENCE_PAPERS
+from research.training import apply_overrides
+from research.training.plots import figure_png
+from research.training.sweep import point_name
+
+QUICK, experiment, workdir = notebook.setup(root, "lra", runs="pathfinder_cpu")
+SIZE = ({"data.examples": 80, "model.num_layers": 1, "model.hidden_size": 8,
+         "model.mlp_size": 8, "model.state_size": 4, "train.batch_size": 16,
+         "train.num_steps": 10, "train.warmup_steps": 2, "train.log_every": 5,
+         "train.eval_every": 10, "train.checkpoint_every": 10}
+        if QUICK else {})
+config = apply_overrides(experiment.get_config("task=pathfinder,preset=cpu"),
+                         {**SIZE, "data.dir": os.path.join(workdir if QUICK else root, "data")})
+
+# %% [markdown]
+# ## What Pathfinder looks like
+# Two dots and paths of short dashes; the label says whether one path joins the dots.
+# Distractor paths clutter the image, and the difficulty is the paths' length: 6, 9 or 14
+# dashes (LRA's `curv_baseline`, `curv_contour_length_9`, `curv_contour_length_14`; LRA's
+# Table 1 uses the hardest). The `cpu` preset trains on the easiest.
+
+# %%
+fig, axes = plt.subplots(3, 6, figsize=(9, 4.8))
+for row, difficulty in zip(axes, pathfinder.DIFFICULTIES):
+  images, labels = pathfinder.generate(seed=1, count=6, resolution=32, difficulty=difficulty)
+  for ax, image, label in zip(row, images, labels):
+    ax.imshow(image, cmap="gray", vmin=0, vmax=255)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title("connected" if label else "apart", fontsize=8)
+  row[0].set_ylabel(f"{difficulty}\n({pathfinder.DIFFICULTIES[difficulty][1]} dashes)",
+                    fontsize=8)
+fig.tight_layout()
+display(Image(figure_png(fig)))
+
+# %% [markdown]
+# ## Train every attention and the linear recurrences on Pathfinder
+# `notebook.sweep` (`run_sweep`) trains each point of `experiment.get_sweep()` (one per
+# `model.attention`, then one per recurrent `model.kind`) into its own directory, skipping
+# finished ones, and returns each point's final metrics. The first run generates the images
+# (`data.examples` of them, once, in LRA's release layout under `data/`).
+
+# %%
+points = ([{"model.attention": "full"}, {"model.kind": "lru"}] if QUICK
+          else experiment.get_sweep())                       # CI: full attention and LRU
+rows = notebook.sweep(config, points, workdir)
+names = [row.get("model.kind", row.get("model.attention")) for row in rows]   # lru, s5: kinds
+
+# %% [markdown]
+# ## Accuracy and speed beside LRA's Table 1
+# Test accuracy on the held-out tenth of the images; steps/s is the median training rate.
+# LRA's column is its Table 1 (Pathfinder 32 × 32, the hardest set, LRA's own recipe); LRU's
+# and S5's are their papers' (deeper models trained far longer): neither was measured here.
+
+# %%
+def published(name: str) -> str:
+  figure = LRA_TABLE_1["pathfinder"].get(name, RECURRENCE_PAPERS.get(name, {}).get("pathfinder"))
+  return "—" if figure is None else f"{figure:.2f}%"
+
+
+header = ["attention or block", "test accuracy", "published (LRA's setting)", "steps/s",
+          "minutes"]
+lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+for name, row in zip(names, rows):
+  lines.append(f"| {name} | {row['test/accuracy']:.2%} | {published(name)} | "
+               f"{row['perf/steps_per_second']:.2f} | "
+               f"{row.get('perf/wall_seconds', float('nan')) / 60:.1f} |")
+accuracy = dict(zip(names, (row["test/accuracy"] for row in rows)))
+recurrent = max(accuracy.get(kind, 0.0) for kind in ("lru", "s5"))
+attention = max(a for name, a in accuracy.items() if name not in ("lru", "s5"))
+lines.append(f"\nThe best linear recurrence minus the best attention: "
+             f"**{100 * (recurrent - attention):+.1f} points**.")
+display(Markdown("\n".join(lines)))
+
+# %% [markdown]
+# ## Learning curves
+# Validation accuracy during training, from each run's `metrics.jsonl`; chance is 50%.
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 5))
+for name, point in zip(names, points):
+  with open(os.path.join(workdir, point_name(point), "metrics.jsonl")) as f:
+    curve = [(r["step"], 100 * r["eval/accuracy"]) for r in map(json.loads, f) if "eval/accuracy" in r]
+  ax.plot(*zip(*curve), marker=".", label=name)
+ax.axhline(50, color="gray", linestyle=":", label="chance")
+ax.set_xlabel("step")
+ax.set_ylabel("validation accuracy (%)")
+ax.legend(fontsize="small", ncol=2)
+fig.tight_layout()
+display(Image(figure_png(fig)))
+
+# %% [markdown]
+# ## Text, Retrieval and Image, from your files
+# Each trains on its `cpu` preset with full attention when its variable names your copy of
+# the data set; LRA's Table 1 row for each task is beside it.
+
+# %%
+FILES = {"text": os.environ.get("LRA_TEXT", ""), "retrieval": os.environ.get("LRA_RETRIEVAL", ""),
+         "image": os.environ.get("LRA_IMAGE", "")}
+lines = ["| task | test accuracy (cpu preset, full) | LRA Table 1: full | its best attention |",
+         "|---|---|---|---|"]
+for task, files in FILES.items():
+  measured = "— (set LRA_" + task.upper() + ")"
+  if files and not QUICK:
+    task_config = apply_overrides(experiment.get_config(f"task={task},preset=cpu"),
+                                  {"data.files": files})
+    (row,) = notebook.sweep(task_config, [{"model.attention": "full"}],
+                            os.path.join(root, "runs", f"{task}_cpu"))
+    measured = f"{row['test/accuracy']:.2%}"
+  table = LRA_TABLE_1[task]
+  best = max(table, key=table.get)
+  lines.append(f"| {task} | {measured} | {table['full']:.2f}% | {best} {table[best]:.2f}% |")
+display(Markdown("\n".join(lines)))
+
+# %% [markdown]
+# ## Restore a run and ask it something new
+# `research.training.restore` loads a run back from its directory (config, model, the
+# parameters of its last checkpoint). We draw fresh images under another seed than the
+# run's, at each difficulty, and ask the model: trained on the easiest set, does it follow
+# longer paths?
+
+# %%
+from research import training
+
+lines = ["| run | easy | intermediate | hard |", "|---|---|---|---|"]
+probe = 32 if QUICK else 1000
+probed = list(zip(names, points))[-1:] if QUICK else zip(names, points)   # CI: the last run
+for name, point in probed:
+  restored = training.restore(os.path.join(workdir, point_name(point)))
+  scores, drawn = [], {}
+  for difficulty in pathfinder.DIFFICULTIES:
+    images, labels = pathfinder.generate(seed=restored.config.data.seed + 1, count=probe,
+                                         resolution=32, difficulty=difficulty)
+    logits = np.asarray(restored.apply(images.reshape(probe, -1),
+                                       np.full(probe, images[0].size, np.int32)))
+    drawn[difficulty] = images, labels, logits
+    scores.append(float(np.mean(np.argmax(logits, -1) == labels)))
+  lines.append(f"| {name} | " + " | ".join(f"{s:.1%}" for s in scores) + " |")
+display(Markdown("\n".join(lines)))
+
+# %%
+images, labels, logits = (part[:8] for part in drawn["easy"])   # the last run's easy probe
+probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+probabilities /= probabilities.sum(-1, keepdims=True)
+fig, axes = plt.subplots(1, 8, figsize=(12, 2))
+for ax, image, label, p in zip(axes, images, labels, probabilities[:, 1]):
+  ax.imshow(image, cmap="gray", vmin=0, vmax=255)
+  ax.set_xticks([])
+  ax.set_yticks([])
+  ax.set_title(f"{'joined' if label else 'apart'}\np(joined) {p:.2f}", fontsize=8)
+fig.suptitle(f"{name}: fresh easy images", fontsize=9)
+fig.tight_layout()
+display(Image(figure_png(fig)))
