@@ -5,7 +5,7 @@ quotes the table).
     python benchmarks/compile_targets.py --targets t4 --experiments nmt_dates --attention_targets ''
 
 For each experiment's default config (and the listops `lra` preset in bfloat16, char_lm's
-transformer), `research.training.compile_only` compiles the train and eval steps for each
+transformer, each lra task's `lra` preset and Path-X in bfloat16), `research.training.compile_only` compiles the train and eval steps for each
 target deviceless, then the `lra` preset in bfloat16 with each other attention for each of
 `--attention_targets` (Colab's v5e by default; '' for none: about a minute each on 2 cores),
 and this prints one markdown row per (experiment, target): whether the
@@ -48,6 +48,9 @@ EXPERIMENTS = {
     "char_lm (gru)": ("experiments/char_lm.py", {}),
     "char_lm (transformer)": ("experiments/char_lm.py:model=transformer", {}),
     "kernel_regression": ("experiments/kernel_regression.py", {}),
+    **{f"lra {task} (lra bf16)": (f"experiments/lra.py:task={task}", LRA_BF16)
+       for task in ("text", "retrieval", "image", "pathfinder")},
+    "lra path_x (bf16)": ("experiments/lra.py:task=pathfinder,preset=path_x", LRA_BF16),
 }
 ATTENTION_ROWS = {f"listops (lra bf16) {attention}":
                   ("experiments/listops.py", {**LRA_BF16, "model.attention": attention})
