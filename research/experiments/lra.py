@@ -287,7 +287,8 @@ def inference(config, model, extras) -> Inference:
        "lengths": (jax.ShapeDtypeStruct(shape[:-1], jnp.int32),
                    f"the number of tokens{pair}, 1 … {length}")},
       {"logits": f"the logits of the {task.num_classes} classes"},
-      {"task": config.data.task, "padding_id": 0})
+      {"task": config.data.task,
+       **({"padding_id": 0} if config.data.task in BYTE_TASKS else {})})   # pixels: no padding
 
 
 def build(config, data: Data | None = None) -> Workload:
