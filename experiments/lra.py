@@ -62,8 +62,8 @@ Variant arguments (comma-separated key=value):
 
 import ml_collections
 
+from research.experiments.stack_config import classifier_model_config
 from research.models.kinds import BLOCK_KINDS
-from research.models.recurrent_mixer import recurrence_defaults
 from research.models.self_attention import SELF_ATTENTIONS
 from research.training.config import base_config, parse_variants
 
@@ -154,30 +154,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.seed = 0                 # the generator's seed
   config.data.update(preset["data"])
 
-  config.model = ml_collections.ConfigDict()   # EncoderClassifier's fields (the stack's keys:
-                                               # research/experiments/stack_config.py)
-  config.model.kind = variant["kind"]    # transformer | lru | s5 (a linear recurrence per block)
-  config.model.attention = variant["attention"]   # one of SELF_ATTENTIONS
-  config.model.num_layers = 0
-  config.model.hidden_size = 0
-  config.model.num_heads = 0
-  config.model.mlp_size = 0              # the MLP's hidden width (Retrieval's head's too)
-  config.model.window = 0                # local / longformer half-width
-  config.model.proj_len = 0              # linformer's projected length k
-  config.model.compression = 4           # memory_compressed's stride c
-  config.model.block_size = 0            # sparse / bigbird / sinkhorn block, reformer's chunk
-  config.model.num_features = 256        # performer's random features per head
-  config.model.num_hashes = 2            # reformer's hash rounds
-  config.model.state_size = 64           # lru / s5: complex states N per block
-  config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
-  config.model.positions = "sinusoidal"  # learned | sinusoidal
-  config.model.norm = "pre"              # pre (LRA's blocks) | post
-  config.model.pooling = "cls"           # cls | mean
-  config.model.dropout_rate = 0.0        # embeddings, both branches, the MLP's hidden units
-  config.model.implementation = "auto"   # auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
-  config.model.dtype = "float32"         # dtype of matrix products: float32 | bfloat16 | float16
-  config.model.remat = "none"            # blocks recomputed in the backward pass: none | block |
-                                         # dots_saveable | dots_with_no_batch_dims_saveable
+  config.model = classifier_model_config(variant["kind"], variant["attention"],
+                                         positions="sinusoidal", norm="pre")
   config.model.update(preset["model"])
   return config
 

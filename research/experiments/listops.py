@@ -46,6 +46,7 @@ from research.training.validation import (
   check_host_memory,
   check_parameter_memory,
   check_positive,
+  check_writable,
 )
 
 SPLITS = ("train", "val", "test")
@@ -92,7 +93,8 @@ def validate(config) -> None:
                        ("data.train_examples", "data.eval_examples", "data.test_examples"),
                        "to generate")
     if generates_data(config):
-      _check_writable(d.dir)
+      check_writable(config, "data.dir", "the generated ListOps splits, or your own with "
+                     "config.data.files")
   check_parameter_memory(config, parameter_keys(config, "data.max_length"),
                          parameter_count(config, d.max_length))
 
@@ -104,21 +106,6 @@ def check_token_memory(config, examples: int, keys: tuple[str, ...], where: str)
   check_host_memory(config, ("data.max_length", "train.batch_size", *keys),
                     rows * config.data.max_length * 4,
                     f"the int32 tokens of the {examples} examples {where} and of a batch")
-
-
-def _check_writable(directory: str) -> None:
-  """config.data.dir must be, or be made under, a directory we can write."""
-  target = existing = os.path.abspath(directory or ".")
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    where = "a file" if existing == target else f"under the file {existing!r}"
-    raise ConfigError(f"config.data.dir={directory!r} is {where}; give a directory for the "
-                      "generated ListOps splits, or your own with config.data.files")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise ConfigError(f"config.data.dir={directory!r} cannot be written ({existing} is not "
-                      "writable); give a directory for the generated ListOps splits, or your "
-                      "own with config.data.files")
 
 
 def _split_paths(directory: str) -> dict[str, str]:

@@ -52,6 +52,7 @@ from research.training.validation import (
   check_int,
   check_parameter_memory,
   check_positive,
+  check_writable,
 )
 
 SPLITS = ("train", "val", "test")
@@ -133,7 +134,8 @@ def validate(config) -> None:
     raise ConfigError(f"config.data.files={d.files!r} is not a directory; give "
                       f"{TASKS[d.task].source}")
   if generates_data(config):
-    _check_writable(d.dir)
+    check_writable(config, "data.dir", "the generated Pathfinder images, or LRA's with "
+                   "config.data.files")
   check_host_memory(config, _memory_keys(config), _token_bytes(config),
                     f"the {d.task} task's tokens")
   length_keys = {"text": ("data.max_length",), "retrieval": ("data.max_length",),
@@ -158,17 +160,6 @@ def _token_bytes(config) -> int:
   rows = {"text": 3 * 25_000, "retrieval": 2 * sum(AAN_PAIRS), "image": 60_000,
           "pathfinder": d.get("examples") if not d.files else LRA_PATHFINDER_IMAGES}[d.task]
   return rows * max_length(config) * (2 if d.task in BYTE_TASKS else 1)
-
-
-def _check_writable(directory: str) -> None:
-  """config.data.dir must be, or be made under, a directory we can write."""
-  existing = os.path.abspath(directory or ".")
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-    raise ConfigError(f"config.data.dir={directory!r} cannot be written ({existing} is not a "
-                      "writable directory); give a directory for the generated Pathfinder "
-                      "images, or LRA's with config.data.files")
 
 
 def generated_root(config) -> str:

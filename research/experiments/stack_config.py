@@ -29,6 +29,8 @@ compiled step within the device's memory, as the compiler reports it (performer'
 num_features, say: research/training/compile.py).
 """
 
+import ml_collections
+
 from research.attention import implementation_names
 from research.attention.reformer import check_lsh_sizes
 from research.errors import ConfigError
@@ -36,6 +38,7 @@ from research.models.recurrent_mixer import (
   LINEAR_RECURRENT,
   check_recurrence,
   linear_recurrence,
+  recurrence_defaults,
   recurrence_parameters,
 )
 from research.models.remat import REMAT
@@ -126,3 +129,33 @@ def parameter_count(config, max_length: int) -> int:
         2 * m.compression * m.hidden_size**2 if m.attention == "memory_compressed" else 0)
   per_layer = mixer + 2 * m.hidden_size * m.mlp_size
   return m.num_layers * per_layer + (max_length + 1) * m.hidden_size
+
+
+def classifier_model_config(kind: str, attention: str, *, positions: str,
+                            norm: str) -> ml_collections.ConfigDict:
+  """config.model of a classifier made of the stack (EncoderClassifier, DualEncoderClassifier:
+  listops, lra): every key, the sizes 0 for the experiment's preset to set."""
+  model = ml_collections.ConfigDict()
+  model.kind = kind                      # transformer | lru | s5 (a linear recurrence per block)
+  model.attention = attention            # one of SELF_ATTENTIONS
+  model.num_layers = 0
+  model.hidden_size = 0
+  model.num_heads = 0
+  model.mlp_size = 0                     # the MLP's hidden width (Retrieval's head's too)
+  model.window = 0                       # local / longformer half-width
+  model.proj_len = 0                     # linformer's projected length k
+  model.compression = 4                  # memory_compressed's stride c
+  model.block_size = 0                   # sparse / bigbird / sinkhorn block, reformer's chunk
+  model.num_features = 256               # performer's random features per head
+  model.num_hashes = 2                   # reformer's hash rounds
+  model.state_size = 64                  # lru / s5: complex states N per block
+  model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
+  model.positions = positions            # learned | sinusoidal
+  model.norm = norm                      # pre | post (the original Transformer's)
+  model.pooling = "cls"                  # cls | mean
+  model.dropout_rate = 0.0               # embeddings, both branches, the MLP's hidden units
+  model.implementation = "auto"          # auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
+  model.dtype = "float32"                # dtype of matrix products: float32 | bfloat16 | float16
+  model.remat = "none"                   # blocks recomputed in the backward pass: none | block |
+                                         # dots_saveable | dots_with_no_batch_dims_saveable
+  return model

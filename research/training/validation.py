@@ -7,6 +7,7 @@ int32 (the step counter's and the data's index type; a seed, any key named seed,
 """
 
 import math
+import os
 from collections.abc import Iterable
 
 import jax
@@ -93,6 +94,21 @@ def check_host_memory(config, keys: Iterable[str], needed: int, what: str) -> No
   values = ", ".join(f"config.{key}={get(config, key)!r}" for key in keys)
   if refusal := host_memory_refusal(needed, values, what):
     raise ConfigError(refusal)
+
+
+def check_writable(config, key: str, what: str) -> None:
+  """ConfigError unless the directory at `key` is, or can be made under, a directory this
+  process can write; `what` says what it is for ("the generated ListOps splits, or …")."""
+  directory = get(config, key)
+  target = existing = os.path.abspath(directory or ".")
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    where = "a file" if existing == target else f"under the file {existing!r}"
+    raise ConfigError(f"config.{key}={directory!r} is {where}; give a directory for {what}")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f"config.{key}={directory!r} cannot be written ({existing} is not "
+                      f"writable); give a directory for {what}")
 
 
 def check_parameter_memory(config, keys: Iterable[str], count: int) -> None:
