@@ -44,6 +44,8 @@ Presets (LRA's hyperparameters: lra_benchmarks/*/configs in google-research/long
           images of the easiest set (contour length 6), one layer of width 32 (MLP 64, mean
           pooling), 2 000 steps (full attention over 1 024 pixels: 2.4 steps/s on 2 cores).
           No dropout, blocks of 16, windows of 32, Linformer's k 64.
+Pathfinder's lru blocks start on the LRU paper's ring in every preset: |λ| in [0.9, 0.999]
+(Path-X: [0.999, 0.9999]) with phases within π/10; Path-X's S5 time steps start at 1e-4.
 Our blocks' queries, keys and values have the blocks' width (LRA's pathfinder models use half
 of it, qkv_dim = emb_dim / 2), and our heads are one Dense layer (LRA's: an MLP).
 
