@@ -75,11 +75,12 @@ TASKS = ("text", "retrieval", "image", "pathfinder")
 LRA_BLOCKS = dict(window=128, proj_len=256, block_size=64)
 CPU_MODEL = dict(num_layers=2, hidden_size=64, num_heads=2, mlp_size=128, dropout_rate=0.0,
                  window=32, proj_len=64, block_size=16, positions="sinusoidal")
-# The LRU paper's ring for Pathfinder (|λ| in [0.9, 0.999]) and Path-X ([0.999, 0.9999]), phases
-# within π/10; S5's Path-X time steps from 1e-4 (its paper's): slow modes for long paths.
-PATHFINDER_RING = {"lru": dict(r_min=0.9, r_max=0.999, max_phase=math.pi / 10)}
-PATH_X_RING = {"lru": dict(r_min=0.999, r_max=0.9999, max_phase=math.pi / 10),
-               "s5": dict(dt_min=1e-4)}
+# config.model.recurrence of Pathfinder and Path-X: the LRU paper's ring (|λ| in [0.9, 0.999],
+# Path-X [0.999, 0.9999], phases within π/10) and S5's Path-X time steps from 1e-4 (its
+# paper's): slow modes for long paths.
+PATHFINDER_RECURRENCE = {"lru": dict(r_min=0.9, r_max=0.999, max_phase=math.pi / 10)}
+PATH_X_RECURRENCE = {"lru": dict(r_min=0.999, r_max=0.9999, max_phase=math.pi / 10),
+                     "s5": dict(dt_min=1e-4)}
 CPU_TRAIN = dict(num_steps=3000, batch_size=32, learning_rate=1e-3, warmup_steps=300,
                  weight_decay=0.0, eval_every=500, schedule="cosine")
 
@@ -114,13 +115,13 @@ PRESETS = {   # (task, preset) -> {"train": …, "data": …, "model": …}
         train=_epochs_train(512, 160_000, 1e-3),
         data=dict(resolution=32, difficulty="hard", examples=200_000),
         model=dict(num_layers=1, hidden_size=128, num_heads=4, mlp_size=128, dropout_rate=0.2,
-                   positions="sinusoidal", pooling="mean", recurrence=PATHFINDER_RING,
+                   positions="sinusoidal", pooling="mean", recurrence=PATHFINDER_RECURRENCE,
                    **LRA_BLOCKS)),
     ("pathfinder", "path_x"): dict(
         train={**_epochs_train(64, 160_000, 1e-3), "grad_clip_norm": 1.0},
         data=dict(resolution=128, difficulty="hard", examples=200_000),
         model=dict(num_layers=1, hidden_size=32, num_heads=2, mlp_size=32, dropout_rate=0.1,
-                   positions="learned", pooling="mean", recurrence=PATH_X_RING,
+                   positions="learned", pooling="mean", recurrence=PATH_X_RECURRENCE,
                    **LRA_BLOCKS)),
     ("text", "cpu"): dict(train=CPU_TRAIN, data=dict(max_length=1000), model=CPU_MODEL),
     ("retrieval", "cpu"): dict(train=CPU_TRAIN, data=dict(max_length=1000), model=CPU_MODEL),
@@ -129,7 +130,7 @@ PRESETS = {   # (task, preset) -> {"train": …, "data": …, "model": …}
         train={**CPU_TRAIN, "num_steps": 2000, "warmup_steps": 200},
         data=dict(resolution=32, difficulty="easy", examples=20_000),
         model={**CPU_MODEL, "num_layers": 1, "hidden_size": 32, "mlp_size": 64,
-               "pooling": "mean", "recurrence": PATHFINDER_RING}),
+               "pooling": "mean", "recurrence": PATHFINDER_RECURRENCE}),
 }
 VARIANTS = {"task": "pathfinder", "preset": "lra", "attention": "full", "kind": "transformer"}
 

@@ -191,10 +191,10 @@ import jax
 from research import training
 
 
-def predict(restored, images: np.ndarray, batch: int = 100) -> np.ndarray:
-  """The restored model's logits [N, 2] for images [N, R, R], `batch` images at a time (full
-  attention's weights for 1 000 images at once would take 8 GiB)."""
-  apply, tokens = jax.jit(restored.apply), images.reshape(len(images), -1)
+def predict(apply, images: np.ndarray, batch: int = 100) -> np.ndarray:
+  """A restored model's logits [N, 2] (`apply`: its jitted apply) for images [N, R, R], `batch`
+  images at a time (full attention's weights for 1 000 images at once would take 8 GiB)."""
+  tokens = images.reshape(len(images), -1)
   return np.concatenate([np.asarray(apply(rows, np.full(len(rows), rows.shape[1], np.int32)))
                          for rows in np.split(tokens, range(batch, len(tokens), batch))])
 
@@ -204,11 +204,12 @@ probe = 32 if QUICK else 500
 probed = list(zip(names, points))[-1:] if QUICK else zip(names, points)   # CI: the last run
 for name, point in probed:
   restored = training.restore(os.path.join(workdir, point_name(point)))
+  apply = jax.jit(restored.apply)             # compiled once per run, for every difficulty
   scores, drawn = [], {}
   for difficulty in pathfinder.DIFFICULTIES:
     images, labels = pathfinder.generate(seed=restored.config.data.seed + 1, count=probe,
                                          resolution=32, difficulty=difficulty)
-    logits = predict(restored, images)
+    logits = predict(apply, images)
     drawn[difficulty] = images, labels, logits
     scores.append(float(np.mean(np.argmax(logits, -1) == labels)))
   lines.append(f"| {name} | " + " | ".join(f"{s:.1%}" for s in scores) + " |")
