@@ -48,6 +48,7 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   import datetime
   import functools
   import importlib.util
+  import inspect
   import json
   import logging as python_logging
   import os
@@ -139,11 +140,14 @@ def load_config(spec: str):
   return config, module
 
 
-def sweep_points(module) -> list:
-  """The config module's get_sweep(); ConfigError if it has none or it fails."""
+def sweep_points(module, config) -> list:
+  """The config module's get_sweep(), or get_sweep(config) where it takes one (a grid read
+  from the config, overrides included); ConfigError if it has none or it fails."""
   if not hasattr(module, "get_sweep"):
     raise ConfigError(f"--sweep: {module.__file__} defines no get_sweep(); --sweep needs one")
   try:
+    if inspect.signature(module.get_sweep).parameters:
+      return module.get_sweep(config)
     return module.get_sweep()
   except Exception as error:  # noqa: BLE001 - any failure of the file is the config's
     raise ConfigError(f"--sweep: {module.__file__}: get_sweep() failed: "
@@ -323,7 +327,7 @@ def parse_flags(argv: list[str]):
 def compile_for(target: str, config, module, workdir: str, experiment, verbose: bool) -> None:
   """--compile_only: config's steps (with --sweep, every point's) compiled for `target`."""
   start_backends(verbose)
-  points = sweep_points(module) if _SWEEP.value else None
+  points = sweep_points(module, config) if _SWEEP.value else None
   with jax_start.held_back(not verbose):   # libtpu's and XLA's logs
     results = compile_sweep(config, points, workdir, experiment, target)
   for point, result in results.items():
@@ -345,7 +349,7 @@ def train_or_compile(config, module, name: str, verbose: bool, target: str | Non
   distributed.initialize(config)
   start_backends(verbose)
   if _SWEEP.value:
-    run_sweep(config, sweep_points(module), workdir, experiment)
+    run_sweep(config, sweep_points(module, config), workdir, experiment)
     print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
   else:
     final = train_and_evaluate(config, workdir, experiment)

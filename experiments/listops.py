@@ -93,6 +93,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def get_sweep() -> list[dict]:
-  """Every attention, then the linear recurrences in its place, on the config's preset."""
+  """Every attention, then the LRU and S5 in its place, on the config's preset."""
   return [*({"model.attention": attention} for attention in SELF_ATTENTIONS),
-          *({"model.kind": kind} for kind in BLOCK_KINDS if kind != "transformer")]
+          *({"model.kind": kind} for kind in ("lru", "s5"))]

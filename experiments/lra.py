@@ -176,4 +176,4 @@ def get_sweep() -> list[dict]:
   """Every attention, then the linear recurrences in its place, on the config's task and
   preset."""
   return [*({"model.attention": attention} for attention in SELF_ATTENTIONS),
-          *({"model.kind": kind} for kind in BLOCK_KINDS if kind != "transformer")]
+          *({"model.kind": kind} for kind in ("lru", "s5"))]

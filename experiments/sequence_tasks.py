@@ -108,6 +108,7 @@ for recipes in TRAIN.values():
   recipes.update(dict.fromkeys(LINEAR_RECURRENT, LINEAR_RECURRENT_TRAIN))
 VARIANTS = {"task": "adding", "model": "lstm", "length": ""}
 SWEEP_LENGTHS = (10, 50, 100)
+SWEEP_MODELS = ("rnn", "lstm", "gru", "transformer", "lru", "s5")   # (linear_cell: not swept)
 
 
 def parse_variant(arg: str | None) -> dict:
@@ -176,5 +177,6 @@ def get_sweep() -> list[dict]:
   """Each model at each T (6 × 3 runs) of the default config's task, the adding problem,
   with the model's recipe (steps, peak rate) and depth."""
   return [{"model.kind": kind, "data.length": length, "model.num_layers": layers("adding", kind),
-           "train.num_steps": steps, "train.learning_rate": rate}
-          for kind, (steps, rate) in TRAIN["adding"].items() for length in SWEEP_LENGTHS]
+           "train.num_steps": TRAIN["adding"][kind][0],
+           "train.learning_rate": TRAIN["adding"][kind][1]}
+          for kind in SWEEP_MODELS for length in SWEEP_LENGTHS]

@@ -10,6 +10,7 @@ from research.experiments import (  # noqa: F401  (they register themselves)
   kernel_regression,
   listops,
   lra,
+  mqar,
   nmt_dates,
   sequence_tasks,
 )

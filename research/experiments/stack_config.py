@@ -3,7 +3,7 @@ checked alike by every experiment whose model is made of them: sequence_tasks, c
 listops. Each key means the same in all three:
 
   hidden_size, num_layers, num_heads   the blocks' width F, depth and attention heads
-  mlp_size                             the MLP's hidden width (absolute, not a ratio)
+  mlp_size                             the MLP's hidden width (absolute, not a ratio; 0: none)
   attention                            one of SELF_ATTENTIONS (CAUSAL_ATTENTIONS for a
                                        causal model: char_lm has no proj_len and
                                        compression), kind "transformer"
@@ -11,8 +11,8 @@ listops. Each key means the same in all three:
   proj_len, compression                linformer's k, memory_compressed's stride c
   block_size                           sparse / bigbird / sinkhorn block, reformer's chunk
   num_features, num_hashes             performer's features per head, reformer's rounds
-  state_size, recurrence               kinds "lru" / "s5": states per block, the layers'
-                                       options
+  state_size, recurrence               kinds "lru" / "s5": states per block ("linear_cell":
+                                       each head's size), the layers' options
   dropout_rate                         embeddings, both branches, the MLP's hidden units
   implementation, dtype                research.attention implementation, products' dtype
   remat                                blocks (recurrent kinds: layers) recomputed in the
@@ -71,11 +71,14 @@ def check_stack_keys(config, *, causal: bool) -> None:
   if "remat" in m:        # absent from the config.json of a run before it: "none"
     check_choice(config, "model.remat", REMAT)
   sizes = [key for key in SIZES if key.split(".")[1] in m]   # char_lm: no linformer keys
-  check_positive(config, *sizes)
+  check_positive(config, *(key for key in sizes if key != "model.mlp_size"))
+  check_positive(config, "model.mlp_size", allow_zero=True)   # 0: no MLP
   check_int(config, *sizes)
   check_rate(config, "model.dropout_rate")
   check_with(config, "model.recurrence",
              lambda options: check_recurrence(options, m.state_size, m.kind))
+  if m.kind == "linear_cell":                                # heads of state_size
+    check_divides(config, "model.state_size", "model.hidden_size")
   if m.kind == "transformer":
     check_divides(config, "model.num_heads", "model.hidden_size")
     check_with(config, "model.attention",

@@ -62,7 +62,8 @@ class StackFields(nn.Module, kw_only=True):
   hidden_size: int                 # F, the blocks' width (recurrent kinds: the state's)
   num_layers: int = 1              # blocks (recurrent kinds: layers)
   num_heads: int = 1               # attention heads, dividing hidden_size
-  mlp_size: int | None = None      # the MLP's hidden width (None: MLP_RATIO · hidden_size)
+  mlp_size: int | None = None      # the MLP's hidden width (None: MLP_RATIO · hidden_size;
+                                   # 0: no MLP, a block is its mixer alone)
   attention: str = "full"          # kind "transformer": one of SELF_ATTENTIONS
   window: int = 0                  # local / longformer half-width (> 0 there)
   proj_len: int = 256              # linformer's projected length k
@@ -144,8 +145,9 @@ class BlockStack(StackFields):
           num_features=self.num_features, num_hashes=self.num_hashes, layer=layer,
           implementation=self.implementation, dtype=dtype),
                           state_size=self.state_size, dtype=dtype, recurrence=self.recurrence)
-      block = TransformerBlock(mixer, self.mlp_size or MLP_RATIO * features, norm=self.norm,
-                               is_causal=self.causal, dropout_rate=self.dropout_rate,
+      mlp_size = MLP_RATIO * features if self.mlp_size is None else self.mlp_size
+      block = TransformerBlock(mixer, mlp_size, norm=self.norm, is_causal=self.causal,
+                               dropout_rate=self.dropout_rate,
                                activation_dropout_rate=self.dropout_rate, dtype=dtype,
                                name=f"block{layer}")
       x = remat(lambda block, x, lengths: block(x, lengths, train=train), self.remat)(

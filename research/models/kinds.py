@@ -3,8 +3,8 @@
   rnn | lstm | gru   research.recurrent's layers (Elman tanh RNN, LSTM, GRU), stepped
                      through time with a carried state
   transformer        blocks of self-attention and an MLP (TransformerBlock)
-  lru | s5           the same blocks with a linear recurrence in the place of the
-                     self-attention (recurrent_mixer.py), parallel over time
+  lru | s5 |         the same blocks with a linear recurrence in the place of the
+  linear_cell        self-attention (recurrent_mixer.py), parallel over time
 """
 
 from research.models.recurrent_mixer import LINEAR_RECURRENT

@@ -1,14 +1,22 @@
-"""Byte-level language models: a recurrent stack or a causal stack of blocks.
+"""Language models over V tokens (bytes by default, V = 256): a recurrent stack or a causal
+stack of blocks.
 
-  rnn | lstm | gru   bytes [B, L] -> Embed(256, embed_size) -> research.recurrent layer
+  rnn | lstm | gru   tokens [B, L] -> Embed(V, embed_size) -> research.recurrent layer
                      (num_layers × hidden_size, dropout_rate between layers), its state
-                     carried in and out -> Dense(256): logits [B, L, 256]
-  transformer        bytes [B, L] -> the causal stack (block_stack.py): Embed(256,
-  lru | s5           hidden_size) + positions -> num_layers blocks (pre-norm by default:
-                     x += Mixer(LN(x)); x += MLP(LN(x))) whose mixer reads earlier bytes
+                     carried in and out -> Dense(V): logits [B, L, V]
+  transformer        tokens [B, L] -> the causal stack (block_stack.py): Embed(V,
+  lru | s5 | …       hidden_size) + positions -> num_layers blocks (pre-norm by default:
+                     x += Mixer(LN(x)); x += MLP(LN(x))) whose mixer reads earlier tokens
                      only (causal self-attention `attention`, one of CAUSAL_ATTENTIONS, or
-                     the forward linear recurrence) -> LayerNorm -> Dense(256): logits
-                     [B, L, 256]
+                     the forward linear recurrence) -> LayerNorm -> Dense(V): logits
+                     [B, L, V]
+
+With `tie_embeddings` the output layer is the input embedding E [V, F] read backwards,
+logits = features · Eᵀ (Press & Wolf 2017; Zoology's models), and there is no Dense head
+(the recurrent kinds need embed_size = hidden_size). Given `logit_positions` [B, K] the
+logits are computed at those K positions of each sequence alone, [B, K, V]: where a loss
+reads a few positions (associative recall's queries) the output layer, L·V products per
+feature, shrinks to K·V.
 
 The recurrent model's `carry` is the layer's state, h [num_layers, B, hidden_size] for
 rnn / gru and (h, c) for lstm: evaluating a long text in chunks, each chunk starting
@@ -38,13 +46,15 @@ VOCAB_SIZE = 256                 # bytes
 
 
 class LanguageModel(StackFields):
-  """bytes [B, L] (ints 0 … 255) -> (logits [B, L, 256], carry); see the module docstring.
+  """tokens [B, L] (ints 0 … V − 1) -> (logits [B, L, V], carry); see the module docstring.
 
   The blocks' fields are StackFields' (block_stack.py): hidden_size, num_layers,
   mlp_size, attention, window, …, dropout_rate (the recurrent kinds' too).
   """
   kind: str                      # one of KINDS: "rnn", "lstm", "gru", "transformer", "lru", "s5"
-  embed_size: int = 64           # recurrent: byte embedding size (blocks: hidden_size)
+  embed_size: int = 64           # recurrent: token embedding size (blocks: hidden_size)
+  vocab_size: int = VOCAB_SIZE   # V: tokens 0 … V − 1 (bytes)
+  tie_embeddings: bool = False   # logits = features · Eᵀ, no Dense head
 
   def initial_carry(self, batch_size: int) -> Any:
     """The zero state of the recurrent kinds for batch_size texts (None for the blocks)."""
@@ -54,28 +64,41 @@ class LanguageModel(StackFields):
     return (h, h) if self.kind == "lstm" else h
 
   @nn.compact
-  def __call__(self, tokens: Array, carry: Any = None, *, train: bool = False
-               ) -> tuple[Array, Any]:
-    """tokens [B, L]; carry from `initial_carry` or a previous call (None: zeros).
+  def __call__(self, tokens: Array, carry: Any = None, *, train: bool = False,
+               logit_positions: Array | None = None) -> tuple[Array, Any]:
+    """tokens [B, L]; carry from `initial_carry` or a previous call (None: zeros);
+    logit_positions [B, K] int or None.
 
-    Returns logits [B, L, 256] for the byte after each position, and the carry after the
-    last position (None for the blocks).
+    Returns logits [B, L, V] for the token after each position ([B, K, V]: after each of
+    logit_positions), and the carry after the last position (None for the blocks).
     """
     check_choice("kind", self.kind, KINDS)
     self.check_names()
+    if self.tie_embeddings and self.kind not in BLOCK_KINDS and self.embed_size != self.hidden_size:
+      raise ValueError(f"tie_embeddings needs embed_size = hidden_size, got {self.embed_size} "
+                       f"and {self.hidden_size}")
     if self.kind in BLOCK_KINDS:
       if carry is not None:
         raise ValueError(f"the {self.kind} blocks have no carry; pass carry=None")
-      x = BlockStack(**self.stack_fields(), kind=self.kind, vocab_size=VOCAB_SIZE, causal=True,
-                     name="stack")(tokens, train=train)
+      stack = BlockStack(**self.stack_fields(), kind=self.kind, vocab_size=self.vocab_size,
+                         causal=True, name="stack")
+      x = stack(tokens, train=train)
+      embedding = stack.variables["params"]["embed"]["embedding"]
     else:
-      x = nn.Embed(VOCAB_SIZE, self.embed_size, dtype=self.dtype, name="embed")(tokens)
+      embed = nn.Embed(self.vocab_size, self.embed_size, dtype=self.dtype, name="embed")
       x, carry = RECURRENT[self.kind](self.hidden_size, self.num_layers,
                                       dropout=self.dropout_rate, dtype=self.dtype,
                                       remat_layer=self.remat_layer(),
-                                      name="recurrent")(x, initial_state=carry, train=train)
-    logits = nn.Dense(VOCAB_SIZE, dtype=self.dtype, name="head")(x).astype(jnp.float32)
-    return logits, carry
+                                      name="recurrent")(embed(tokens), initial_state=carry,
+                                                        train=train)
+      embedding = embed.embedding
+    if logit_positions is not None:
+      x = jnp.take_along_axis(x, logit_positions[..., None], axis=1)
+    if self.tie_embeddings:
+      logits = jnp.einsum("...f,vf->...v", x, embedding.astype(x.dtype))
+    else:
+      logits = nn.Dense(self.vocab_size, dtype=self.dtype, name="head")(x)
+    return logits.astype(jnp.float32), carry
 
 
 def sample(model: LanguageModel, params, prompt: Array, rng: Array, *, length: int,

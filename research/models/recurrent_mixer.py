@@ -1,6 +1,10 @@
-"""A linear recurrence (LRU, S5) in the place of a TransformerBlock's self-attention.
+"""A linear recurrence (LRU, S5, linear attention as a cell) in the place of a
+TransformerBlock's self-attention.
 
-  x [B, L, F] -> y [B, L, F]:  y = LRU(x) or S5(x) with N = `state_size` complex states
+  x [B, L, F] -> y [B, L, F]:  y = LRU(x) or S5(x) with N = `state_size` complex states,
+                               or LinearAttention(x) (kind "linear_cell"): F / state_size
+                               heads of causal linear attention run as a recurrence, each
+                               with a state of state_size × (state_size + 1)
 
 Not causal (an encoder, a classifier): bidirectional, a forward and a backward state, so
 every position reads the whole sequence as self-attention does; causal (a decoder): the
@@ -25,13 +29,14 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from research.recurrent import LRU, S5
+from research.recurrent import LRU, S5, LinearAttention
 
 Array = jax.Array
-LINEAR_RECURRENT = {"lru": LRU, "s5": S5}
+LINEAR_RECURRENT = {"lru": LRU, "s5": S5, "linear_cell": LinearAttention}
 OPTIONS = {   # per kind: the layer's fields a model's `recurrence` may set
     "lru": ("r_min", "r_max", "max_phase", "mode", "chunk_size"),
     "s5": ("blocks", "conj_sym", "dt_min", "dt_max", "mode", "chunk_size"),
+    "linear_cell": ("decay", "feature_map", "normalize", "mode", "chunk_size"),
 }
 
 
@@ -74,11 +79,10 @@ def linear_recurrence(kind: str, state_size: int,
 
 def recurrence_parameters(kind: str, state_size: int, features: int,
                           recurrence: Mapping[str, Mapping[str, Any]] | None = None) -> int:
-  """About how many parameters a bidirectional recurrence of `kind` has for `features`:
-  per kept state P λ's (or Λ's and the step's) 3 numbers, B̃ [P, F] and C̃ [2, F, P] complex;
-  D [F]."""
-  states = linear_recurrence(kind, state_size, recurrence).num_states
-  return states * (3 + 6 * features) + features
+  """How many parameters a bidirectional recurrence of `kind` has for `features` (the
+  layer's `parameter_count`)."""
+  layer = linear_recurrence(kind, state_size, recurrence)
+  return layer.clone(bidirectional=True).parameter_count(features)
 
 
 class RecurrentMixer(nn.Module):

@@ -5,9 +5,11 @@ original Transformer and LRA). On x [B, L, F]:
   pre:   x ← x + Drop(Attention(LN(x)));   x ← x + Drop(W₂ Drop_a(gelu(W₁ LN(x))))
   post:  x ← LN(x + Drop(Attention(x)));   x ← LN(x + Drop(W₂ Drop_a(gelu(W₁ x))))
 
-Drop is dropout at `dropout_rate` on each branch, Drop_a at `activation_dropout_rate` on
-the MLP's hidden units (train=True only). gelu is flax's (the tanh approximation); W₁ is
-[F, mlp_size], W₂ [mlp_size, F]. A pre-norm stack ends with a final LayerNorm (the model's).
+With mlp_size 0 the block is its first branch alone (Zoology's blocks, whose "state
+mixer" is the identity). Drop is dropout at `dropout_rate` on each branch, Drop_a at
+`activation_dropout_rate` on the MLP's hidden units (train=True only). gelu is flax's (the
+tanh approximation); W₁ is [F, mlp_size], W₂ [mlp_size, F]. A pre-norm stack ends with a
+final LayerNorm (the model's).
 
 Parameters: attention/… (the attention module's own), attention_norm, mlp_in, mlp_out,
 mlp_norm: the names of `torch.nn.TransformerEncoderLayer`'s parts are self_attn, norm1,
@@ -28,7 +30,7 @@ class TransformerBlock(nn.Module):
   """x [B, L, F], key lengths [B] or None -> [B, L, F] (see the module docstring)."""
   attention: Callable[..., nn.Module]  # the self-attention's constructor (self_attention.py),
                                        # called with name="attention"
-  mlp_size: int                        # hidden width of the MLP
+  mlp_size: int                        # hidden width of the MLP (0: no MLP branch)
   norm: str = "pre"                    # "pre" or "post"
   is_causal: bool = False              # query i sees keys j ≤ i only
   dropout_rate: float = 0.0            # on each residual branch
@@ -53,7 +55,8 @@ class TransformerBlock(nn.Module):
         y = drop(self.activation_dropout_rate, y)
       return nn.Dense(x.shape[-1], dtype=self.dtype, name="mlp_out")(y)
 
-    for branch, norm in ((attention, "attention_norm"), (mlp, "mlp_norm")):
+    branches = ((attention, "attention_norm"), (mlp, "mlp_norm"))
+    for branch, norm in branches if self.mlp_size else branches[:1]:
       if pre:
         x = x + drop(self.dropout_rate, branch(nn.LayerNorm(name=norm)(x)))
       else:

@@ -7,12 +7,17 @@ Layers (whole sequences, multi-layer, bidirectional, packed lengths): `RNN`, `LS
 Linear recurrences, parallel over time (`jax.lax.associative_scan`) or stepwise with a
 carried state: `LRU` (Orvieto et al. 2023), `S5` (Smith et al. 2023), and causal linear
 attention as a recurrent cell, `LinearAttentionCell` (optional per-head decay, RetNet's
-being `retnet_decay`); `linear_scan` is the recurrence h_t = a_t ⊙ h_{t−1} + b_t they share.
+being `retnet_decay`), and over whole sequences as a layer, `LinearAttention`;
+`linear_scan` is the recurrence h_t = a_t ⊙ h_{t−1} + b_t they share.
 """
 
 from research.recurrent.cells import GRUCell, LSTMCell, RecurrentCell, SimpleRNNCell
 from research.recurrent.layers import GRU, LSTM, RNN, RecurrentLayer
-from research.recurrent.linear_attention_cell import LinearAttentionCell, retnet_decay
+from research.recurrent.linear_attention_cell import (
+  LinearAttention,
+  LinearAttentionCell,
+  retnet_decay,
+)
 from research.recurrent.linear_scan import linear_scan
 from research.recurrent.lru import LRU
 from research.recurrent.recurrence import recurrence
@@ -20,7 +25,8 @@ from research.recurrent.s5 import S5
 from research.recurrent.torch_import import from_torch
 
 __all__ = [
-    "GRU", "GRUCell", "LRU", "LSTM", "LSTMCell", "LinearAttentionCell", "RNN", "RecurrentCell",
+    "GRU", "GRUCell", "LRU", "LSTM", "LSTMCell", "LinearAttention", "LinearAttentionCell",
+    "RNN", "RecurrentCell",
     "RecurrentLayer", "S5", "SimpleRNNCell", "from_torch", "linear_scan", "recurrence",
     "retnet_decay",
 ]

@@ -98,6 +98,11 @@ class DiagonalSSM(nn.Module):
   def num_directions(self) -> int:
     return 2 if self.bidirectional else 1
 
+  def parameter_count(self, features: int) -> int:
+    """Per kept state P: λ's (or Λ's and the step's) 3 numbers, B̃ [P, F] complex and a
+    C̃ [F, P] complex per direction; D [F]."""
+    return self.num_states * (3 + 2 * features + 2 * features * self.num_directions) + features
+
   @nn.nowrap
   def zero_state(self, batch_size: int) -> Array:
     """The zero state: [batch, N] complex64 ([2, batch, N] when bidirectional)."""

@@ -146,11 +146,12 @@ class LinearAttentionCell(nn.RNNCellBase):
     return state, self._readout(state, phi_q, w).astype(self.dtype or F32)
 
   def sequence(self, x: Array, *, initial_state: Array | None = None,
-               seq_lengths: Array | None = None) -> tuple[Array, Array]:
+               seq_lengths: Array | None = None, reverse: bool = False) -> tuple[Array, Array]:
     """The whole sequence: x [B, T, D] -> (y [B, T, out] in `dtype`, zero past each
     sequence's length; the final carry [B, M, d, d + 1], each sequence's own).
 
-    initial_state: the carry before the first step (None: zeros).
+    initial_state: the carry before the first step (None: zeros). reverse: read each
+    sequence backwards, from its last valid step to t = 0 (the final carry is after t = 0).
     """
     if x.ndim != 3:
       raise ValueError(f"x must be [batch, time, features], got shape {x.shape}")
@@ -164,7 +165,7 @@ class LinearAttentionCell(nn.RNNCellBase):
     phi_q, phi_k, v = self._phi_qkv(x, w)
     b = self._increment(phi_k, v)                                # [B, T, M, d, d + 1]
     h0 = None if initial_state is None else initial_state.astype(F32)
-    states, last = linear_scan(self._decay(), b, h0, lengths=seq_lengths,
+    states, last = linear_scan(self._decay(), b, h0, lengths=seq_lengths, reverse=reverse,
                                parallel=self.mode == "parallel", chunk=self.chunk_size)
     y = self._readout(states, phi_q, w)
     if valid is not None:
@@ -181,3 +182,75 @@ class LinearAttentionCell(nn.RNNCellBase):
   @property
   def num_feature_axes(self) -> int:
     return 1
+
+
+DECAYS = ("none", "retnet")       # LinearAttention's decay: none, or retnet_decay(heads)
+
+
+class LinearAttention(nn.Module):
+  """The cell over whole sequences, as a layer of a block stack (the interface of `LRU` and
+  `S5`): x [B, T, F] -> (y [B, T, F] in `dtype`, zero past each length; the final carry).
+
+  F / state_size heads of key and value size d = state_size (the state of a head is
+  d × (d + 1): S and z); `decay` "retnet" gives head m RetNet's γ_m = 1 − 2^(−5−m).
+  Bidirectional: a second cell ("reverse") reads each sequence backwards from its last
+  valid step, and the two outputs add (the carry: [2, B, M, d, d + 1], forward first).
+  """
+  state_size: int = 64                  # d, each head's key and value size
+  decay: str = "none"                   # "none" or "retnet"
+  feature_map: str = "elu_plus_one"     # φ: "elu_plus_one" or "identity"
+  normalize: bool = True                # divide by z_t · φ(q_t) + ε
+  mode: str = "parallel"                # "parallel" or "stepwise"
+  chunk_size: int = 64                  # parallel form: steps per chunk
+  bidirectional: bool = False           # add a reverse-time cell
+  dtype: Any = None                     # computation dtype of the projections (None: float32)
+
+  @property
+  def num_directions(self) -> int:
+    return 2 if self.bidirectional else 1
+
+  def check_options(self) -> None:
+    """ValueError for an option the layer refuses whatever its width."""
+    if self.decay not in DECAYS:
+      raise ValueError(f"decay must be one of {DECAYS}, got {self.decay!r}")
+    if self.feature_map not in FEATURE_MAPS:
+      raise ValueError(f"feature_map must be one of {tuple(FEATURE_MAPS)}, "
+                       f"got {self.feature_map!r}")
+    if not isinstance(self.normalize, bool):
+      raise ValueError(f"normalize must be True or False, got {self.normalize!r}")
+    if self.mode not in MODES:
+      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+    if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+      raise ValueError(f"chunk_size must be a positive int, got {self.chunk_size!r}")
+
+  def check_config(self, features: int | None = None) -> None:
+    """check_options, and a state size that is a positive int (dividing `features`)."""
+    self.check_options()
+    if not isinstance(self.state_size, int) or self.state_size < 1:
+      raise ValueError(f"state_size must be a positive int, got {self.state_size!r}")
+    if features is not None and features % self.state_size:
+      raise ValueError(f"state_size={self.state_size} (the heads' size) must divide the "
+                       f"width, {features}")
+
+  def parameter_count(self, features: int) -> int:
+    """W_qkv [F, 3F], W_o [F, F] and their biases, per direction."""
+    return self.num_directions * (4 * features**2 + 4 * features)
+
+  @nn.compact
+  def __call__(self, x: Array, *, initial_state: Array | None = None,
+               seq_lengths: Array | None = None) -> tuple[Array, Array]:
+    """x [B, T, F]; initial_state [B, M, d, d + 1] ([2, …] bidirectional) or None."""
+    features = x.shape[-1]
+    self.check_config(features)
+    heads = features // self.state_size
+    decay = retnet_decay(heads) if self.decay == "retnet" else None
+    y, last = 0.0, []
+    for k, name in enumerate(("cell", "reverse")[:self.num_directions]):
+      cell = LinearAttentionCell(heads, decay=decay, feature_map=self.feature_map,
+                                 normalize=self.normalize, mode=self.mode,
+                                 chunk_size=self.chunk_size, dtype=self.dtype, name=name)
+      h0 = None if initial_state is None else (
+          initial_state[k] if self.bidirectional else initial_state)
+      out, state = cell.sequence(x, initial_state=h0, seq_lengths=seq_lengths, reverse=k == 1)
+      y, last = y + out.astype(F32), [*last, state]
+    return y.astype(self.dtype or F32), jnp.stack(last) if self.bidirectional else last[0]

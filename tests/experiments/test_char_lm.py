@@ -77,7 +77,7 @@ def test_the_default_is_a_recurrent_model_on_the_whole_test_split():
      "config.model.attention: attention 'linformer' cannot be causal .*; a causal model takes "
      "one of full, local, longformer, sparse, bigbird, linear, performer, synthesizer, "
      "sinkhorn, reformer"),
-    ({"model.mlp_size": 0}, "config.model.mlp_size=0 must be a number > 0"),
+    ({"model.mlp_size": -1}, "config.model.mlp_size=-1 must be a number >= 0"),
     ({"data.stdlib": "/no/such/dir"}, "config.data.stdlib='/no/such/dir' is not a directory"),
     ({"model.kind": "transformer", "model.num_heads": 3}, "config.model.num_heads=3 must divide"),
     ({"model.implementation": "fast"}, "config.model.implementation='fast' is not allowed"),

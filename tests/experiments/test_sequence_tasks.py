@@ -86,7 +86,7 @@ def test_sweep_covers_every_model_and_length_and_validates():
     ({"model.num_layers": 0}, "config.model.num_layers=0 must be a number > 0"),
     ({"model.num_heads": 0}, "config.model.num_heads=0 must be a number > 0"),
     ({"model.window": 0}, "config.model.window=0 must be a number > 0"),
-    ({"model.mlp_size": 0}, "config.model.mlp_size=0 must be a number > 0"),
+    ({"model.mlp_size": -1}, "config.model.mlp_size=-1 must be a number >= 0"),
     ({"model.dropout_rate": 1.0}, "config.model.dropout_rate=1.0 must be in [0, 1)"),
     ({"model.state_size": 0}, "config.model.state_size=0 must be a number > 0"),
     ({"model.recurrence.lru.r_min": 1.5}, "config.model.recurrence: lru: need 0 <= r_min < "
