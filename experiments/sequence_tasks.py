@@ -163,6 +163,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.state_size = 64            # --config.model.kind=lru | s5: complex states per block
   config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
   config.model.causal = False             # blocks: position i reads positions <= i only
+  config.model.positions = "sinusoidal"   # blocks: sinusoidal | learned | none
   config.model.dropout_rate = 0.0         # between recurrent layers; the blocks' embeddings,
                                           # branches and MLP hidden units
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu

@@ -34,6 +34,7 @@ import ml_collections
 from research.attention import implementation_names
 from research.attention.reformer import check_lsh_sizes
 from research.errors import ConfigError
+from research.models.block_stack import POSITIONS
 from research.models.recurrent_mixer import (
   LINEAR_RECURRENT,
   check_recurrence,
@@ -70,6 +71,8 @@ def check_stack_keys(config, *, causal: bool) -> None:
   check_choice(config, "model.dtype", COMPUTE_DTYPES)
   if "remat" in m:        # absent from the config.json of a run before it: "none"
     check_choice(config, "model.remat", REMAT)
+  if "positions" in m:    # absent from sequence_tasks' config.json before it: "sinusoidal"
+    check_choice(config, "model.positions", POSITIONS)
   sizes = [key for key in SIZES if key.split(".")[1] in m]   # char_lm: no linformer keys
   check_positive(config, *(key for key in sizes if key != "model.mlp_size"))
   check_positive(config, "model.mlp_size", allow_zero=True)   # 0: no MLP

@@ -6,7 +6,8 @@ and one assembly of it (`BlockStack`, the models' submodule "stack").
   inputs: tokens [B, L] int (vocab_size given) or floats [B, L, D] (vocab_size None)
     -> embed: Embed(vocab_size, F) or Dense(F)
     -> cls: a learned vector [F] before position 0 (with `cls`: [B, L + 1, F])
-    -> + positions: learned [max_length (+ 1), F] or sinusoidal (Vaswani et al.)
+    -> + positions: learned [max_length (+ 1), F], sinusoidal (Vaswani et al.) or none (a
+       recurrence knows the order; the LRU and S5 papers add none)
     -> Dropout(dropout_rate)
     -> block0 … block{num_layers − 1}: TransformerBlocks (pre- or post-norm; dropout_rate
        on both branches and on the MLP's hidden units, mlp_size of them), each mixing the
@@ -42,7 +43,7 @@ from research.models.self_attention import SELF_ATTENTIONS, check_attention, sel
 from research.models.transformer_block import NORMS, TransformerBlock
 
 Array = jax.Array
-POSITIONS = ("learned", "sinusoidal")
+POSITIONS = ("learned", "sinusoidal", "none")
 MLP_RATIO = 4                       # mlp_size None: MLP_RATIO · hidden_size (Vaswani et al.)
 
 
@@ -76,7 +77,7 @@ class StackFields(nn.Module, kw_only=True):
   state_size: int = 64             # kinds "lru" / "s5": complex states N per block
   recurrence: Any = None           # kinds "lru" / "s5": {kind: {option: value}}
                                    # (recurrent_mixer.OPTIONS; None: the layers' defaults)
-  positions: str = "sinusoidal"    # "learned" or "sinusoidal"
+  positions: str = "sinusoidal"    # "learned", "sinusoidal" or "none"
   norm: str = "pre"                # "pre" or "post" (the original Transformer's, LRA's)
   dropout_rate: float = 0.0        # on the embeddings, both branches, the MLP's hidden units
   implementation: str = "auto"     # research.attention implementation of full / local /
@@ -133,10 +134,10 @@ class BlockStack(StackFields):
       if max_length is None:
         raise ValueError("positions 'learned' need max_length (the longest input)")
       table = self.param("positions", nn.initializers.normal(0.02), (max_length, features))
-    else:
-      table = sinusoidal_positions(x.shape[1], features)
-    x = nn.Dropout(self.dropout_rate, deterministic=not train)(
-        x + table[:x.shape[1]].astype(x.dtype))
+      x = x + table[:x.shape[1]].astype(x.dtype)
+    elif self.positions == "sinusoidal":
+      x = x + sinusoidal_positions(x.shape[1], features).astype(x.dtype)
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     for layer in range(self.num_layers):
       mixer = block_mixer(self.kind, functools.partial(
           self_attention, self.attention, num_heads=self.num_heads, features=features,

@@ -28,12 +28,12 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from research.attention import registry
 from research.data import listops
 from research.errors import InputError, excerpt
 from research.experiments.classification import BUCKET_MULTIPLE
 from research.predict.runs import check_experiment
 from research.predict.static import ByIdentity
+from research.predict.weights import apply_with_weights
 
 Array = jax.Array
 # What LRA's ListOps text is made of; LRA's tokenizer (brackets=False) drops anything else.
@@ -124,26 +124,6 @@ def _classify(model: ByIdentity, params, ids: Array, lengths: Array, *, attentio
   if not attention:
     logits, weights = model.apply(variables, ids, lengths), None
   else:
-    if registry.gives_weights(model.implementation):
-      logits, state = model.apply(variables, ids, lengths, mutable=["intermediates"])
-    else:
-      logits = model.apply(variables, ids, lengths)
-      _, state = model.clone(implementation="dense").apply(variables, ids, lengths,
-                                                           mutable=["intermediates"])
-    weights = _layer_weights(state.get("intermediates", {}), model.num_layers)
+    logits, weights = apply_with_weights(model, variables, ids, lengths)
   return logits.argmax(-1).astype(np.int32), jax.nn.softmax(logits), weights
 
-
-def _layer_weights(intermediates, num_layers: int) -> tuple[Array, ...] | None:
-  """The attention weights each block sowed ("stack"/"block<i>"/…/"attention_weights"),
-  in layer order; None where a block sowed none."""
-  blocks = intermediates.get("stack", {})
-  weights = []
-  for layer in range(num_layers):
-    sown = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(
-        blocks.get(f"block{layer}", {}))[0]
-            if any(getattr(key, "key", None) == "attention_weights" for key in path)]
-    if not sown:
-      return None
-    weights.append(sown[0])
-  return tuple(weights)

@@ -2,7 +2,7 @@
 parameter tree under "stack" (a BlockStack's); in each of them Performer's features,
 Reformer's rotations and BigBird's random blocks are drawn per layer (the two layers' draws
 are compared); an attention that cannot be causal is refused in a causal model, naming the
-ones that can."""
+ones that can; without positions, attention cannot tell the order of its inputs."""
 
 import importlib
 
@@ -91,3 +91,16 @@ def test_a_causal_model_refuses_an_attention_that_cannot_be(model):
                                        "sparse, bigbird, linear, performer, synthesizer, "
                                        "sinkhorn, reformer"):
     model.init(jax.random.key(0), TOKENS[:, :8])
+
+
+@pytest.mark.parametrize("positions", ["none", "sinusoidal"])
+def test_without_positions_attention_is_blind_to_the_order(positions):
+  """Bidirectional full attention over token embeddings alone is permutation-equivariant:
+  permuting the tokens permutes the features. Positions (sinusoidal) break that."""
+  stack = BlockStack(**COMMON, vocab_size=256, positions=positions)
+  params = stack.init(jax.random.key(0), TOKENS)
+  order = np.random.default_rng(1).permutation(L)
+  features = stack.apply(params, TOKENS)
+  permuted = stack.apply(params, TOKENS[:, order])
+  equal = np.allclose(permuted, np.asarray(features)[:, order], atol=1e-5)
+  assert equal == (positions == "none")

@@ -1,5 +1,7 @@
 """LanguageModel: carried state equals one pass, the transformer is causal (and windowed),
-greedy sampling takes the argmax of whole passes computed here, top-k limits the draws."""
+greedy sampling takes the argmax of whole passes computed here, top-k limits the draws; tied
+embeddings equal flax's Dense head holding the embedding, and logits read at given
+positions equal the whole pass's rows there."""
 
 import functools
 
@@ -116,3 +118,24 @@ def test_an_unknown_kind_and_a_transformer_carry_are_refused():
   model, params = make("transformer")
   with pytest.raises(ValueError, match="no carry"):
     model.apply({"params": params}, byte_tokens(1, 4), jnp.zeros((2, 1, 16)))
+
+
+@pytest.mark.parametrize("kind", ["transformer", "gru", "linear_cell"])
+def test_tied_logits_are_a_dense_head_holding_the_embedding_read_at_the_positions(kind):
+  vocab = 40
+  tied = LanguageModel(kind=kind, hidden_size=16, num_layers=2, embed_size=16, num_heads=2,
+                       state_size=8, vocab_size=vocab, tie_embeddings=True)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, vocab, (3, 12)), jnp.int32)
+  params = tied.init(jax.random.key(0), tokens)["params"]
+  assert "head" not in params
+  embedding = (params["embed"] if kind == "gru" else params["stack"]["embed"])["embedding"]
+  head = {"kernel": embedding.T, "bias": jnp.zeros(vocab)}
+  whole, _ = tied.apply({"params": params}, tokens)
+  untied, _ = tied.clone(tie_embeddings=False).apply({"params": {**params, "head": head}},
+                                                     tokens)
+  assert whole.shape == (3, 12, vocab)
+  np.testing.assert_allclose(whole, untied, rtol=1e-5, atol=1e-5)
+  positions = np.array([[0, 5], [11, 3], [7, 7]])
+  at, _ = tied.apply({"params": params}, tokens, logit_positions=jnp.asarray(positions))
+  np.testing.assert_allclose(at, np.asarray(whole)[np.arange(3)[:, None], positions],
+                             rtol=1e-6, atol=1e-6)

@@ -33,11 +33,11 @@ def test_only_the_models_kind_is_checked_with_its_state_size():
 
 
 @pytest.mark.parametrize("kind, options", [("lru", {}), ("s5", {}), ("s5", {"conj_sym": False}),
-                                           ("s5", {"blocks": 2})])
+                                           ("s5", {"blocks": 2}), ("linear_cell", {})])
 def test_parameter_count_is_flaxs(kind, options):
   """recurrence_parameters counts a bidirectional layer's parameters exactly (what the
   experiments weigh against the host's memory before building)."""
-  features, state_size = 3, 8
+  features, state_size = (4, 2) if kind == "linear_cell" else (3, 8)   # heads of state_size
   layer = LINEAR_RECURRENT[kind](state_size=state_size, bidirectional=True, **options)
   shapes = jax.eval_shape(layer.init, jax.random.key(0), jnp.zeros((1, 2, features)))
   count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
@@ -54,3 +54,10 @@ def test_an_infinite_or_nan_option_is_refused(kind, option, value):
   with pytest.raises(ValueError, match=rf"{kind}: {option} must be a finite number, "
                                        rf"got {np.format_float_positional(value)}"):
     check_recurrence(recurrence, 64, kind)
+
+
+def test_the_linear_cells_options_are_checked_by_name():
+  recurrence = recurrence_defaults()
+  recurrence["linear_cell"]["decay"] = "exponential"
+  with pytest.raises(ValueError, match=r"linear_cell: decay must be one of \('none', 'retnet'\)"):
+    check_recurrence(recurrence, 16, "linear_cell")

@@ -1,6 +1,6 @@
 """TransformerBlock against torch.nn.TransformerEncoderLayer with the same weights: pre- and
 post-norm, causal or not, with padded keys (flax's nn.gelu is the tanh approximation;
-LayerNorm eps 1e-6)."""
+LayerNorm eps 1e-6); without an MLP, against the layer's attention sub-block alone."""
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +58,26 @@ def test_the_block_equals_torchs_transformer_encoder_layer(norm, is_causal, padd
   ours = block.apply({"params": params_of(layer)}, jnp.asarray(x),
                      None if lengths is None else jnp.asarray(lengths))
   np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_without_an_mlp_the_block_is_torchs_attention_sub_block_alone(norm):
+  """mlp_size 0 (Zoology's blocks): pre x + SA(norm1(x)), post norm1(x + SA(x)), with no MLP
+  parameters at all."""
+  torch, layer = torch_layer(norm_first=norm == "pre")
+  x = np.random.default_rng(1).normal(size=(B, L, F)).astype(np.float32)
+  mask = torch.nn.Transformer.generate_square_subsequent_mask(L)
+  attend = lambda y: layer.self_attn(y, y, y, attn_mask=mask, need_weights=False)[0]
+  with torch.no_grad():
+    t = torch.from_numpy(x)
+    expected = (t + attend(layer.norm1(t)) if norm == "pre" else layer.norm1(t + attend(t)))
+  block = TransformerBlock(self_attention("full", num_heads=HEADS, features=F), 0, norm=norm,
+                           is_causal=True)
+  params = {name: part for name, part in params_of(layer).items()
+            if name in ("attention", "attention_norm")}
+  assert set(jax.eval_shape(block.init, jax.random.key(0), jnp.asarray(x))["params"]) == set(params)
+  ours = block.apply({"params": params}, jnp.asarray(x))
+  np.testing.assert_allclose(ours, expected.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_dropout_acts_on_both_branches_and_the_hidden_units_in_training_only():

@@ -1,7 +1,8 @@
 """LinearAttentionCell: retention from the PyPI package yet-another-retnet as the reference
 (its parallel form with the decay mask, and its recurrent form's state), causal linear
 attention written here in its quadratic attention form (Katharopoulos et al. 2020, eq. 9,
-with a decay mask as RetNet's), and the forms, padding and causality against each other."""
+with a decay mask as RetNet's), and the forms, padding and causality against each other;
+the LinearAttention layer (the cell over sequences, both directions) against that form."""
 
 import math
 
@@ -22,7 +23,7 @@ from linear_checks import (
   randn,
 )
 
-from research.recurrent import LinearAttentionCell, retnet_decay
+from research.recurrent import LinearAttention, LinearAttentionCell, retnet_decay
 
 retention = pytest.importorskip("yet_another_retnet.retention")
 pytestmark = pytest.mark.usefixtures("highest_precision")
@@ -166,3 +167,29 @@ def test_wrong_initial_state_is_refused():
   with pytest.raises(ValueError, match=r"initial_state must have shape \(2, 2, 2, 3\)"):
     jax.eval_shape(lambda: run(module, variables, jnp.zeros((B, T, D)),
                                initial_state=jnp.zeros((B, M, 2, 2))))
+
+
+@pytest.mark.parametrize("decay", ["none", "retnet"])
+def test_the_bidirectional_layer_adds_a_cell_reading_each_sequence_from_its_end(decay):
+  """LinearAttention(bidirectional): the attention form over each sequence's valid steps,
+  plus the reverse cell's attention form over them in reverse order; zeros past a length."""
+  layer = LinearAttention(state_size=D // M, decay=decay, bidirectional=True, chunk_size=4)
+  x, lengths = randn(0, B, T, D), np.array([T, 4])
+  variables = layer.init(key(0), x)
+  variables = jax.tree.map(lambda p: p + 0.1 * randn(p.size, *p.shape), variables)
+  y, state = layer.apply(variables, x, seq_lengths=jnp.asarray(lengths))
+  params = variables["params"]
+  decays = retnet_decay(M) if decay == "retnet" else (1.0,) * M
+  eps = LinearAttentionCell.eps
+  for b, n in enumerate(lengths):
+    valid = x[b:b + 1, :n]
+    forward = attention_form(params["cell"], valid, decays, eps)
+    backward = attention_form(params["reverse"], valid[:, ::-1], decays, eps)[:, ::-1]
+    np.testing.assert_allclose(y[b, :n], (forward + backward)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(y[b, n:], 0.0)
+  assert state.shape == (2, B, M, D // M, D // M + 1)
+
+
+def test_the_layer_refuses_a_head_size_that_does_not_divide_the_width():
+  with pytest.raises(ValueError, match="state_size=3 \\(the heads' size\\) must divide the width, 4"):
+    LinearAttention(state_size=3).init(key(0), randn(0, B, T, D))
