@@ -51,6 +51,9 @@ EXPERIMENTS = {
     **{f"lra {task} (lra bf16)": (f"experiments/lra.py:task={task}", LRA_BF16)
        for task in ("text", "retrieval", "image", "pathfinder")},
     "lra path_x (bf16)": ("experiments/lra.py:task=pathfinder,preset=path_x", LRA_BF16),
+    "listops (s5)": ("experiments/listops.py:preset=s5", {}),
+    "listops (lru)": ("experiments/listops.py:preset=lru", {}),
+    "mqar (zoology)": ("experiments/mqar.py", {}),
 }
 ATTENTION_ROWS = {f"listops (lra bf16) {attention}":
                   ("experiments/listops.py", {**LRA_BF16, "model.attention": attention})

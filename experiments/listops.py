@@ -4,6 +4,7 @@
   python launch.py --config experiments/listops.py:preset=cpu,attention=linformer
   python launch.py --config experiments/listops.py:preset=cpu --sweep --workdir runs/listops_cpu
   python launch.py --config experiments/listops.py --sweep --workdir runs/listops_lra   # a GPU
+  python launch.py --config experiments/listops.py:preset=s5 --workdir runs/listops_s5  # a GPU
 
 Presets:
   lra   LRA's Transformer-base: its data (trees of length 500–2000, 96 000 / 2 000 /
@@ -21,6 +22,20 @@ Presets:
         keys, where "auto" still runs dense attention on a CPU, 2× faster there than
         chunked), 2 pre-norm layers of width 64, 2 heads, MLP 128, no dropout, batch 32,
         3 000 steps at a peak of 1e-3 (warm-up 300, rsqrt decay), blocks of 16.
+  s5    S5's own recipe (lindermanlab/S5, bin/run_experiments/run_lra_listops.sh) on LRA's
+        data: 8 pre-norm blocks of width 128, each a bidirectional S5 of 16 states in 8
+        HiPPO-N blocks followed by S5's half-GLU (no MLP), no positions, mean pooling, no
+        dropout; batch 50, 40 epochs (76 800 steps), AdamW at 3e-3 with weight decay 0.04
+        and the S5 parameters (Λ, the time step) and the norms at 1e-3 without decay, a
+        one-epoch warm-up, cosine decay. LayerNorm where S5 uses BatchNorm (the loop carries
+        no batch statistics). S5's paper: 62.15% test accuracy. Sized for a GPU.
+  lru   the LRU's (minimal-LRU's ListOps command, NicolasZucchet/minimal-LRU: the LRU
+        paper's layer in JAX, its run_train.py's defaults with --epochs 40): 4 pre-norm
+        blocks of width 256, each a bidirectional LRU of 128 states (|λ| in [0, 1], phases
+        in [0, 2π)) followed by the paper's GLU, mean pooling, dropout 0.1; batch 64, 40
+        epochs (60 000 steps) at 1e-3 with weight decay 0.05, the LRU's own parameters at
+        5e-4, cosine decay; LayerNorm where it uses BatchNorm. The LRU paper: 60.2%.
+  (s5 and lru set model.kind: one model each, not a sweep of the attentions.)
 
 Expected (cpu preset, 2-core CPU, data already generated): full attention 35.70% test
 accuracy in 9.0 minutes (3 000 steps at 5.8 steps/s); the sweep, every attention and the
@@ -32,7 +47,7 @@ results/exploratory/listops_h200/) LRU / S5 with mean pooling, other rates or ri
 `--config.data.files=DIR` reads your own LRA TSV files instead.
 
 Variant arguments (comma-separated key=value):
-  preset     lra | cpu                                                  (default lra)
+  preset     lra | cpu | s5 | lru                                       (default lra)
   attention  full | local | longformer | sparse | bigbird | linformer | memory_compressed |
              linear | performer | synthesizer | sinkhorn | reformer    (default full)
   kind       transformer | lru | s5: the blocks' mixer, self-attention or a bidirectional
@@ -61,6 +76,31 @@ PRESETS = {
                   eval_examples=1_000, test_examples=2_000, max_length=255),
         model=dict(num_layers=2, hidden_size=64, num_heads=2, mlp_size=128, norm="pre",
                    dropout_rate=0.0, window=32, proj_len=64, block_size=16)),
+    # S5's bin/run_experiments/run_lra_listops.sh (lindermanlab/S5; its run_train.py's
+    # defaults for the rest: pre-norm, dt in [0.001, 0.1], cosine decay after the warm-up)
+    "s5": dict(
+        train=dict(num_steps=40 * 96_000 // 50, batch_size=50, learning_rate=3e-3,
+                   recurrence_learning_rate=1e-3, warmup_steps=96_000 // 50, weight_decay=0.04,
+                   schedule="cosine", adam_b2=0.999, eval_every=96_000 // 50),
+        data=dict(min_tree_length=500, max_tree_length=2000, train_examples=96_000,
+                  eval_examples=2_000, test_examples=2_000, max_length=2000),
+        model=dict(kind="s5", num_layers=8, hidden_size=128, num_heads=1, mlp_size=0,
+                   state_size=16, mixer_gate="half_glu", norm="pre", pooling="mean",
+                   positions="none", dropout_rate=0.0, window=128, proj_len=256, block_size=64),
+        recurrence=dict(s5=dict(blocks=8))),
+    # minimal-LRU's ListOps command (NicolasZucchet/minimal-LRU: `run_train.py --dataset
+    # listops-classification --epochs 40`, its defaults): the LRU paper's layer, norm ->
+    # LRU -> GELU -> GLU -> skip, its ring r in [0, 1], phases in [0, 2π)
+    "lru": dict(
+        train=dict(num_steps=40 * 96_000 // 64, batch_size=64, learning_rate=1e-3,
+                   recurrence_learning_rate=5e-4, warmup_steps=0, weight_decay=0.05,
+                   schedule="cosine", adam_b2=0.999, eval_every=96_000 // 64),
+        data=dict(min_tree_length=500, max_tree_length=2000, train_examples=96_000,
+                  eval_examples=2_000, test_examples=2_000, max_length=2000),
+        model=dict(kind="lru", num_layers=4, hidden_size=256, num_heads=1, mlp_size=0,
+                   state_size=128, mixer_gate="glu", norm="pre", pooling="mean",
+                   positions="none", dropout_rate=0.1, window=128, proj_len=256, block_size=64),
+        recurrence=dict(lru=dict(r_min=0.0, r_max=1.0))),
 }
 VARIANTS = {"preset": "lra", "attention": "full", "kind": "transformer"}
 
@@ -71,12 +111,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   preset = PRESETS[variant["preset"]]
   config = base_config()
   config.experiment = "listops"
-  config.train.update(preset["train"])
   config.train.schedule = "rsqrt"
   config.train.adam_b2 = 0.98
-  config.train.grad_clip_norm = 0.0      # LRA does not clip
+  config.train.grad_clip_norm = 0.0      # LRA (and S5, the LRU) do not clip
   config.train.log_every = 100
   config.train.checkpoint_every = 500
+  config.train.update(preset["train"])
 
   config.data = ml_collections.ConfigDict()
   config.data.dir = "data"               # generated splits go to <dir>/listops*/
@@ -89,6 +129,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = classifier_model_config(variant["kind"], variant["attention"],
                                          positions="learned", norm="post")
   config.model.update(preset["model"])
+  for kind, options in preset.get("recurrence", {}).items():
+    config.model.recurrence[kind].update(options)
   return config
 
 

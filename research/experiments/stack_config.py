@@ -13,6 +13,7 @@ listops. Each key means the same in all three:
   num_features, num_hashes             performer's features per head, reformer's rounds
   state_size, recurrence               kinds "lru" / "s5": states per block ("linear_cell":
                                        each head's size), the layers' options
+  mixer_gate                           none | glu | half_glu after each mixer (transformer_block.py)
   dropout_rate                         embeddings, both branches, the MLP's hidden units
   implementation, dtype                research.attention implementation, products' dtype
   remat                                blocks (recurrent kinds: layers) recomputed in the
@@ -44,6 +45,7 @@ from research.models.recurrent_mixer import (
 )
 from research.models.remat import REMAT
 from research.models.self_attention import SELF_ATTENTIONS, check_attention
+from research.models.transformer_block import MIXER_GATES
 from research.training.validation import (
   COMPUTE_DTYPES,
   check_choice,
@@ -73,6 +75,8 @@ def check_stack_keys(config, *, causal: bool) -> None:
     check_choice(config, "model.remat", REMAT)
   if "positions" in m:    # absent from sequence_tasks' config.json before it: "sinusoidal"
     check_choice(config, "model.positions", POSITIONS)
+  if "mixer_gate" in m:   # absent from a config.json before it: "none"
+    check_choice(config, "model.mixer_gate", MIXER_GATES)
   sizes = [key for key in SIZES if key.split(".")[1] in m]   # char_lm: no linformer keys
   check_positive(config, *(key for key in sizes if key != "model.mlp_size"))
   check_positive(config, "model.mlp_size", allow_zero=True)   # 0: no MLP
@@ -158,6 +162,7 @@ def classifier_model_config(kind: str, attention: str, *, positions: str,
   model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
   model.positions = positions            # learned | sinusoidal
   model.norm = norm                      # pre | post (the original Transformer's)
+  model.mixer_gate = "none"              # none | glu | half_glu after each mixer
   model.pooling = "cls"                  # cls | mean
   model.dropout_rate = 0.0               # embeddings, both branches, the MLP's hidden units
   model.implementation = "auto"          # auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu

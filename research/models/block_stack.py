@@ -40,7 +40,7 @@ from research.models.positions import sinusoidal_positions
 from research.models.recurrent_mixer import block_mixer
 from research.models.remat import remat
 from research.models.self_attention import SELF_ATTENTIONS, check_attention, self_attention
-from research.models.transformer_block import NORMS, TransformerBlock
+from research.models.transformer_block import MIXER_GATES, NORMS, TransformerBlock
 
 Array = jax.Array
 POSITIONS = ("learned", "sinusoidal", "none")
@@ -79,6 +79,8 @@ class StackFields(nn.Module, kw_only=True):
                                    # (recurrent_mixer.OPTIONS; None: the layers' defaults)
   positions: str = "sinusoidal"    # "learned", "sinusoidal" or "none"
   norm: str = "pre"                # "pre" or "post" (the original Transformer's, LRA's)
+  mixer_gate: str = "none"         # after each mixer: "none", "glu" (the LRU paper's) or
+                                   # "half_glu" (S5's): transformer_block.py
   dropout_rate: float = 0.0        # on the embeddings, both branches, the MLP's hidden units
   implementation: str = "auto"     # research.attention implementation of full / local /
                                    # longformer / sparse / bigbird / memory_compressed
@@ -101,7 +103,7 @@ class StackFields(nn.Module, kw_only=True):
   def check_names(self) -> None:
     """ValueError naming a field whose name is not one of its allowed values."""
     for name, allowed in (("attention", SELF_ATTENTIONS), ("positions", POSITIONS),
-                          ("norm", NORMS)):
+                          ("norm", NORMS), ("mixer_gate", MIXER_GATES)):
       check_choice(name, getattr(self, name), allowed)
 
 
@@ -148,7 +150,7 @@ class BlockStack(StackFields):
                           state_size=self.state_size, dtype=dtype, recurrence=self.recurrence)
       mlp_size = MLP_RATIO * features if self.mlp_size is None else self.mlp_size
       block = TransformerBlock(mixer, mlp_size, norm=self.norm, is_causal=self.causal,
-                               dropout_rate=self.dropout_rate,
+                               mixer_gate=self.mixer_gate, dropout_rate=self.dropout_rate,
                                activation_dropout_rate=self.dropout_rate, dtype=dtype,
                                name=f"block{layer}")
       x = remat(lambda block, x, lengths: block(x, lengths, train=train), self.remat)(

@@ -6,7 +6,14 @@ original Transformer and LRA). On x [B, L, F]:
   post:  x ← LN(x + Drop(Attention(x)));   x ← LN(x + Drop(W₂ Drop_a(gelu(W₁ x))))
 
 With mlp_size 0 the block is its first branch alone (Zoology's blocks, whose "state
-mixer" is the identity). Drop is dropout at `dropout_rate` on each branch, Drop_a at
+mixer" is the identity). `mixer_gate` follows the mixer with the gated linear unit of the
+S5 and LRU papers' layers (their only nonlinearity: those layers have no MLP), on the
+mixer's output y:
+
+  glu        W₁ Drop(gelu(y)) ⊙ σ(W₂ Drop(gelu(y)))    (the LRU paper's; S5's "full_glu")
+  half_glu   y ⊙ σ(W₂ Drop(gelu(y)))                   (S5's "half_glu2", its LRA recipes)
+
+W₁ ("gate_value"), W₂ ("gate") [F, F] with biases. Drop is dropout at `dropout_rate` on each branch, Drop_a at
 `activation_dropout_rate` on the MLP's hidden units (train=True only). gelu is flax's (the
 tanh approximation); W₁ is [F, mlp_size], W₂ [mlp_size, F]. A pre-norm stack ends with a
 final LayerNorm (the model's).
@@ -24,6 +31,7 @@ import jax
 
 Array = jax.Array
 NORMS = ("pre", "post")
+MIXER_GATES = ("none", "glu", "half_glu")
 
 
 class TransformerBlock(nn.Module):
@@ -34,7 +42,8 @@ class TransformerBlock(nn.Module):
   norm: str = "pre"                    # "pre" or "post"
   is_causal: bool = False              # query i sees keys j ≤ i only
   dropout_rate: float = 0.0            # on each residual branch
-  activation_dropout_rate: float = 0.0  # on the MLP's hidden units
+  activation_dropout_rate: float = 0.0  # on the MLP's hidden units (and the gate's)
+  mixer_gate: str = "none"             # "none", "glu" or "half_glu" after the mixer
   dtype: Any = None                    # dtype of the matrix products (None: float32)
 
   @nn.compact
@@ -42,12 +51,20 @@ class TransformerBlock(nn.Module):
                train: bool = False) -> Array:
     if self.norm not in NORMS:
       raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+    if self.mixer_gate not in MIXER_GATES:
+      raise ValueError(f"mixer_gate must be one of {MIXER_GATES}, got {self.mixer_gate!r}")
     pre = self.norm == "pre"
     drop = lambda rate, y: nn.Dropout(rate, deterministic=not train)(y)
 
     def attention(y):
-      return self.attention(name="attention")(
+      y = self.attention(name="attention")(
           y, is_causal=self.is_causal, key_value_seq_lengths=key_value_seq_lengths, train=train)
+      if self.mixer_gate == "none":
+        return y
+      dense = lambda name: nn.Dense(x.shape[-1], dtype=self.dtype, name=name)
+      g = drop(self.activation_dropout_rate, nn.gelu(y))
+      value = y if self.mixer_gate == "half_glu" else dense("gate_value")(g)
+      return value * jax.nn.sigmoid(dense("gate")(g))
 
     def mlp(y):
       y = nn.gelu(nn.Dense(self.mlp_size, dtype=self.dtype, name="mlp_in")(y))

@@ -21,6 +21,8 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.schedule = "cosine"    # after warm-up: "cosine" to 0, or "rsqrt" (Vaswani, LRA)
   config.train.adam_b2 = 0.999
   config.train.weight_decay = 0.0
+  config.train.recurrence_learning_rate = 0.0   # > 0: the recurrences' own parameters and the
+                                                # norms' at this peak rate, no weight decay
   config.train.grad_clip_norm = 1.0   # 0 disables clipping
   config.train.parallelism = "jit"    # "jit" (mesh + shardings) or "pmap"
   config.train.log_every = 50

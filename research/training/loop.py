@@ -66,7 +66,7 @@ from research.training.metrics import (
   NonFiniteLossError,
   Progress,
 )
-from research.training.renamed_keys import RENAMED_KEYS, renamed
+from research.training.renamed_keys import ADDED_KEYS, RENAMED_KEYS, renamed
 from research.training.stop_agreement import StopAgreement
 from research.training.train_step import (
   init_state,
@@ -474,7 +474,8 @@ def read_record(workdir: str, name: str, records: str, deleting: str):
 
 def config_changes(old: dict, new: dict, workdir: str, ignored: Iterable[str] = ()) -> str:
   """The keys whose values differ between the configs `old` (a workdir's, as JSON) and
-  `new`, but for RESUMABLE_KEYS and `ignored`, in words ('' when none); ConfigError if
+  `new`, but for RESUMABLE_KEYS and `ignored`, in words ('' when none; a key added since
+  `old` was written counts as its ADDED_KEYS value there); ConfigError if
   `old` was written under a key renamed since (this version cannot resume it)."""
   old, new = _flatten(old), _flatten(new)
   for key in sorted(set(old) & set(RENAMED_KEYS) - set(new)):
@@ -482,6 +483,7 @@ def config_changes(old: dict, new: dict, workdir: str, ignored: Iterable[str] = 
       raise ConfigError(f"workdir {workdir} was written with {renamed(key)}: this version "
                         "cannot resume it (its parameters have other names too); use a new "
                         "--workdir, or resume it with the version of the project that wrote it")
+  old |= {key: value for key, value in ADDED_KEYS.items() if key not in old and key in new}
   changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
                    and k not in RESUMABLE_KEYS and k not in set(ignored))
   value = lambda flat, k: repr(flat[k]) if k in flat else "absent"

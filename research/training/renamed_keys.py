@@ -1,5 +1,7 @@
 """Config keys that were renamed: an old key on the command line, in a sweep or in a
-workdir's config.json is refused with a message that names the new one.
+workdir's config.json is refused with a message that names the new one. Keys that were
+added (ADDED_KEYS): a workdir's config.json written before one is the same config where
+the key now holds the value that stood for the code's behaviour then.
 
   model.dropout     -> model.dropout_rate   char_lm, nmt_dates (listops' spelling)
   model.mlp_ratio   -> model.mlp_size       char_lm: the MLP's width itself, no longer a
@@ -15,6 +17,14 @@ RENAMED_KEYS = {
     "model.mlp_ratio": ("model.mlp_size", "the MLP's width itself, mlp_ratio × hidden_size"),
     "model.cell": ("model.kind", "rnn, lstm or gru, as model.kind in every experiment"),
     "model.local_window": ("model.window", "the half-width D of local_m / local_p"),
+}
+
+
+# key: the value that means what a config.json without the key ran
+ADDED_KEYS = {
+    "model.positions": "sinusoidal",          # sequence_tasks' blocks (listops and lra had it)
+    "model.mixer_gate": "none",               # nothing after the blocks' mixer
+    "train.recurrence_learning_rate": 0.0,    # one rate for every parameter
 }
 
 

@@ -48,13 +48,37 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
       0.0, train.learning_rate, train.warmup_steps, max(train.num_steps, train.warmup_steps + 1))
 
 
+# The linear recurrences' own parameters (LRU: λ's ν, θ and γ; S5: Λ and the time step) and
+# every LayerNorm's: S5's "ssm" group, which a recurrence_learning_rate > 0 trains apart.
+RECURRENCE_PARAMS = ("nu_log", "theta_log", "gamma_log", "Lambda_re", "Lambda_im", "log_step")
+
+
+def parameter_group(path) -> str:
+  """"recurrence" for a leaf of RECURRENCE_PARAMS or of a module named *norm, else "rest"."""
+  names = [getattr(key, "key", str(key)) for key in path]
+  return ("recurrence" if names[-1] in RECURRENCE_PARAMS or any(
+      name.endswith("norm") for name in names[:-1]) else "rest")
+
+
 def make_optimizer(train: ml_collections.ConfigDict,
                    dtype: str = "float32") -> optax.GradientTransformation:
   """AdamW (β₂ = adam_b2) on the schedule, after clipping the global gradient norm (if
   grad_clip_norm > 0); for a model of `dtype` float16 (config.model.dtype) wrapped in
-  dynamic loss scaling (loss_scale.py), whose state holds the loss scale."""
+  dynamic loss scaling (loss_scale.py), whose state holds the loss scale.
+
+  With train.recurrence_learning_rate > 0 the recurrences' own parameters and the norms'
+  (`parameter_group`) take Adam at that peak rate on the same schedule, without weight
+  decay (S5's and the LRU papers' recipes: 1e-3 there, 3e-3 for the rest in S5's ListOps)."""
   adamw = optax.adamw(learning_rate_schedule(train), b2=train.adam_b2,
                       weight_decay=train.weight_decay)
+  rate = train.get("recurrence_learning_rate", 0.0)
+  if rate:
+    slow = optax.adam(learning_rate_schedule(ml_collections.ConfigDict(
+        {**train.to_dict(), "learning_rate": rate})), b2=train.adam_b2)
+    adamw = optax.multi_transform(
+        {"rest": adamw, "recurrence": slow},
+        lambda params: jax.tree_util.tree_map_with_path(lambda path, _: parameter_group(path),
+                                                        params))
   if train.grad_clip_norm > 0:
     adamw = optax.chain(optax.clip_by_global_norm(train.grad_clip_norm), adamw)
   return loss_scale.dynamic_loss_scale(adamw) if dtype == "float16" else adamw

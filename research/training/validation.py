@@ -139,6 +139,8 @@ def check_shared(config) -> None:
   """The keys of research.training.config.base_config(), checked before any compilation."""
   check_positive(config, *(f"train.{k}" for k in TRAIN_POSITIVE))
   check_positive(config, *(f"train.{k}" for k in TRAIN_NON_NEGATIVE), allow_zero=True)
+  if "recurrence_learning_rate" in config.train:   # (absent from a config.json before it: 0)
+    check_positive(config, "train.recurrence_learning_rate", allow_zero=True)
   check_int(config, *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
             "train.warmup_steps")
   check_divides(config, "train.log_every", "train.checkpoint_every")

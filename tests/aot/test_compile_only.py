@@ -1,5 +1,6 @@
 """Every experiment compiled for hardware this machine does not have (`--compile_only`):
-each default config, the listops `lra` preset in bfloat16 and char_lm's transformer, each
+each default config, the listops `lra` preset in bfloat16, its `s5` and `lru` presets (S5's
+and the LRU's recipes, for an H100 and a v5e) and char_lm's transformer, each
 for a TPU (one v5e chip, Colab's, or a v4-8 slice: 8 devices, the gradients' all-reduce)
 and where its kernels differ for an H100 (CASES), each holding the kernel the attention
 registry chose for that platform; a sweep, each point into its own directory, or nothing
@@ -41,6 +42,9 @@ CONFIGS = {
     "char_lm": "experiments/char_lm.py",
     "char_lm_transformer": "experiments/char_lm.py:model=transformer",
     "kernel_regression": "experiments/kernel_regression.py",
+    "listops_s5": "experiments/listops.py:preset=s5",
+    "listops_lru": "experiments/listops.py:preset=lru",
+    "mqar": "experiments/mqar.py",
 }
 # Each model once for a TPU and, where its kernels differ there, once for a GPU: the v4-8 for
 # the recurrences (its 8 chips: the gradients' all-reduce), the v5e (Colab's TPU) for the
@@ -48,14 +52,19 @@ CONFIGS = {
 # kernel (char_lm's transformer in float32).
 CASES = [("nmt_dates", "tpu-v4-8"), ("sequence_tasks", "tpu-v5e-1"), ("sequence_tasks", "h100"),
          ("listops_lra_bf16", "h100"), ("char_lm", "tpu-v4-8"), ("char_lm_transformer", "h100"),
-         ("kernel_regression", "tpu-v5e-1")]
+         ("kernel_regression", "tpu-v5e-1"), ("listops_s5", "h100"), ("listops_s5", "tpu-v5e-1"),
+         ("listops_lru", "h100"), ("listops_lru", "tpu-v5e-1"), ("mqar", "tpu-v5e-1")]
 LRA_LAYERS = 1
+# S5's and the LRU's ListOps presets, compiled with one of their blocks (8 and 4, each the
+# same; S5's eight take 150 s of a core for the H100): bench compile_targets compiles them
+# whole.
 
 
 def _config(name: str):
   config, _ = launch.load_config(os.path.join(ROOT, CONFIGS[name]))
   if name == "listops_lra_bf16":
     config.model.dtype = "bfloat16"
+  if name.startswith("listops"):
     config.model.num_layers = LRA_LAYERS
   if config.experiment == "nmt_dates":
     config.data.dir = ""     # nothing written outside the test's directory

@@ -57,6 +57,36 @@ def test_the_lra_preset_is_lras_transformer_base_and_its_data():
     assert float(schedule(step)) == pytest.approx(lra, rel=1e-5)
 
 
+def test_the_s5_preset_is_s5s_listops_command():
+  """lindermanlab/S5 bin/run_experiments/run_lra_listops.sh: --d_model=128 --n_layers=8
+  --bidirectional=True --blocks=8 --ssm_size_base=16 --activation_fn=half_glu2 --bsz=50
+  --epochs=40 --lr_factor=3 --ssm_lr_base=0.001 --weight_decay=0.04 --p_dropout=0
+  --warmup_end=1 (epochs of LRA's 96 000 trees), its run_train.py's prenorm=True and mean
+  pooling; LayerNorm in place of its --batchnorm=True."""
+  config = experiment.get_config("preset=s5")
+  m, t = config.model, config.train
+  assert (m.kind, m.hidden_size, m.num_layers, m.state_size, m.recurrence.s5.blocks,
+          m.mixer_gate, m.mlp_size, m.norm, m.pooling, m.dropout_rate) == (
+      "s5", 128, 8, 16, 8, "half_glu", 0, "pre", "mean", 0.0)
+  assert (t.batch_size, t.num_steps, t.learning_rate, t.recurrence_learning_rate,
+          t.weight_decay, t.warmup_steps, t.schedule) == (
+      50, 40 * 1920, 0.003, 0.001, 0.04, 1920, "cosine")
+  assert (config.data.train_examples, config.data.max_length) == (96_000, 2000)
+
+
+def test_the_lru_preset_is_minimal_lrus_listops_command():
+  """NicolasZucchet/minimal-LRU run_train.py's defaults with --epochs 40: 4 layers, d_model
+  256, d_hidden 128, r in [0, 1], GLU, batch 64, lr 1e-3 and 0.5 × for the LRU, weight decay
+  0.05, dropout 0.1, mean pooling, pre-norm (LayerNorm in place of its BatchNorm)."""
+  config = experiment.get_config("preset=lru")
+  m, t = config.model, config.train
+  assert (m.kind, m.hidden_size, m.num_layers, m.state_size, m.recurrence.lru.r_min,
+          m.recurrence.lru.r_max, m.mixer_gate, m.mlp_size, m.norm, m.pooling,
+          m.dropout_rate) == ("lru", 256, 4, 128, 0.0, 1.0, "glu", 0, "pre", "mean", 0.1)
+  assert (t.batch_size, t.num_steps, t.learning_rate, t.recurrence_learning_rate,
+          t.weight_decay, t.warmup_steps) == (64, 40 * 1500, 1e-3, 5e-4, 0.05, 0)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"model.attention": "routing"}, "model.attention='routing' is not allowed; choose one of: "
                                      "'full', 'local', 'longformer', 'sparse'"),

@@ -1,6 +1,7 @@
 """TransformerBlock against torch.nn.TransformerEncoderLayer with the same weights: pre- and
 post-norm, causal or not, with padded keys (flax's nn.gelu is the tanh approximation;
-LayerNorm eps 1e-6); without an MLP, against the layer's attention sub-block alone."""
+LayerNorm eps 1e-6); without an MLP, against the layer's attention sub-block alone, and
+with the S5 and LRU papers' gates after it, written out in NumPy."""
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +79,37 @@ def test_without_an_mlp_the_block_is_torchs_attention_sub_block_alone(norm):
   assert set(jax.eval_shape(block.init, jax.random.key(0), jnp.asarray(x))["params"]) == set(params)
   ours = block.apply({"params": params}, jnp.asarray(x))
   np.testing.assert_allclose(ours, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gate", ["glu", "half_glu"])
+def test_the_gate_after_the_mixer_is_the_papers_glu(gate):
+  """pre-norm, no MLP: x + W₁ gelu(y) ⊙ σ(W₂ gelu(y)) ("glu", the LRU paper's layer) or
+  x + y ⊙ σ(W₂ gelu(y)) ("half_glu", S5's half_glu2), y = SA(norm1(x)); gelu the tanh form."""
+  torch, layer = torch_layer(norm_first=True)
+  x = np.random.default_rng(2).normal(size=(B, L, F)).astype(np.float32)
+  with torch.no_grad():
+    t = torch.from_numpy(x)
+    normed = layer.norm1(t)
+    y = layer.self_attn(normed, normed, normed, need_weights=False)[0].numpy().astype(np.float64)
+  block = TransformerBlock(self_attention("full", num_heads=HEADS, features=F), 0,
+                           mixer_gate=gate)
+  params = {name: part for name, part in params_of(layer).items()
+            if name in ("attention", "attention_norm")}
+  rng = np.random.default_rng(3)
+  dense = lambda: {"kernel": rng.normal(size=(F, F)).astype(np.float32) / 4,
+                   "bias": rng.normal(size=F).astype(np.float32)}
+  params["gate"] = dense()
+  if gate == "glu":
+    params["gate_value"] = dense()
+  shapes = jax.eval_shape(block.init, jax.random.key(0), jnp.asarray(x))["params"]
+  assert set(shapes) == set(params)
+  gelu = lambda u: 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
+  affine = lambda p, u: u @ p["kernel"] + p["bias"]
+  sigmoid = lambda u: 1 / (1 + np.exp(-u))
+  value = affine(params["gate_value"], gelu(y)) if gate == "glu" else y
+  expected = x + value * sigmoid(affine(params["gate"], gelu(y)))
+  ours = block.apply({"params": params}, jnp.asarray(x))
+  np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_dropout_acts_on_both_branches_and_the_hidden_units_in_training_only():
