@@ -46,8 +46,9 @@ The other tasks at their default T = 10: eval/accuracy[/eval/exact_match], wall 
   recall     0.13      20 s  0.82      38 s  0.80      29 s  0.44      83 s
 
 (K = 8 symbols for copy, K = 4 pairs for recall, chance 1/8.) On recall the transformer
-sits on a plateau where it answers with one of the K values present (≈ 0.4) and leaves
-it slowly after about 3000 steps (0.54 after 6000 steps; 0.80 after 5000 with warm-up 200).
+sits on a plateau where it answers with one of the K values present (≈ 0.4; the row above
+is the earlier 4 000-step recipe), leaves it near step 5 000 and reaches 0.99 at step
+20 000 of its recipe's 40 000 (docs/results/sequence_tasks.md#associative-recall).
 
 The linear recurrences take the transformer's blocks (`--config.model.kind=lru` or `s5`,
 `model.recurrence.lru.*` / `s5.*` their options, `model.causal=True` the forward state

@@ -26,21 +26,21 @@ def test_each_group_steps_as_optax_alone_on_it(kind, slow):
   model = SequenceModel(kind=kind, num_outputs=1, hidden_size=8, num_layers=2, state_size=4,
                         mlp_size=8)
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, 3)), jnp.float32)
-  params = model.init(jax.random.key(0), x)["params"]
-  grads = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x) ** 2))(params)
+  params = jax.jit(model.init)(jax.random.key(0), x)["params"]
+  grads = jax.jit(jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x) ** 2)))(params)
   train = base_config().train
   train.update(learning_rate=3e-3, recurrence_learning_rate=1e-3, weight_decay=0.04,
                warmup_steps=0, grad_clip_norm=0.0, num_steps=100)
   optimizer = make_optimizer(train)
-  updates, _ = optimizer.update(grads, optimizer.init(params), params)
+  updates, _ = jax.jit(optimizer.update)(grads, optimizer.init(params), params)
   groups = jax.tree_util.tree_map_with_path(lambda path, _: parameter_group(path), params)
   names = {getattr(path[-1], "key", None) for path, group in
            jax.tree_util.tree_flatten_with_path(groups)[0] if group == "recurrence"}
   assert names == slow
   fast = optax.adamw(3e-3, b2=train.adam_b2, weight_decay=0.04)
   adam = optax.adam(1e-3, b2=train.adam_b2)
-  want_fast, _ = fast.update(grads, fast.init(params), params)
-  want_slow, _ = adam.update(grads, adam.init(params), params)
+  want_fast, _ = jax.jit(fast.update)(grads, fast.init(params), params)
+  want_slow, _ = jax.jit(adam.update)(grads, adam.init(params), params)
   for (path, update), fast_leaf, slow_leaf, group in zip(
       jax.tree_util.tree_flatten_with_path(updates)[0], jax.tree.leaves(want_fast),
       jax.tree.leaves(want_slow), jax.tree.leaves(groups), strict=True):

@@ -232,8 +232,8 @@ def test_restore_refuses_a_workdir_without_a_run_to_restore_and_writes_nothing(
              "cut config.json": f"workdir {workdir} cannot be restored: {workdir}/config.json "
                                 "is cut short or not JSON",
              "unregistered": f"workdir {workdir} holds a run of the experiment 'mine', which "
-                             "is not registered here (registered: char_lm, kernel_regression, "
-                             "listops, lra, nmt_dates, sequence_tasks): register it first",
+                             f"is not registered here (registered: {', '.join(registry.names())}): "
+                             "register it first",
              "without build_model": f"workdir {workdir} holds a run of the experiment 'mine', "
                                     "registered without build_model: register it with one to "
                                     "restore its runs"}[case]
