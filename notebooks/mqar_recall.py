@@ -80,7 +80,8 @@ PANELS = [(length, pairs) for length, pairs, *_ in config.sweep.panels]
 # `notebook.sweep` (`run_sweep`) trains each point into its own directory, skipping finished
 # ones, and returns its final metrics: `eval/accuracy` is the fraction of the 1 000 test
 # sequences' queries answered with the right value. As Zoology does, each (model, width,
-# panel) is scored at its best learning rate.
+# panel) is scored at its best learning rate. A point whose loss became NaN (a rate too high
+# for it) is recorded as diverged and scores nothing.
 
 # %%
 rows = notebook.sweep(config, points, workdir)
@@ -88,8 +89,9 @@ best = {}
 for point, row in zip(points, rows):
   key = (model_of(point), point["model.hidden_size"], point["data.length"],
          point["data.num_pairs"])
-  if key not in best or row["eval/accuracy"] > best[key]["eval/accuracy"]:
-    best[key] = {**row, "rate": point["train.learning_rate"]}
+  accuracy = row.get("eval/accuracy", -1.0)                      # -1: the point diverged
+  if key not in best or accuracy > best[key]["eval/accuracy"]:
+    best[key] = {**row, "eval/accuracy": accuracy, "rate": point["train.learning_rate"]}
 
 # %% [markdown]
 # ## Query accuracy at the best learning rate
@@ -102,6 +104,7 @@ header = "| model | family | " + " | ".join(
 lines = [header + " |", "|---" * (2 + len(PANELS) * len(WIDTHS)) + "|"]
 for model in MODELS:
   cells = [f"{best[model, w, l, n]['eval/accuracy']:.3f} ({best[model, w, l, n]['rate']:g})"
+           if best[model, w, l, n]["eval/accuracy"] >= 0 else "diverged"
            for l, n in PANELS for w in WIDTHS]
   lines.append(f"| {model} | {experiment.family(model)} | " + " | ".join(cells) + " |")
 display(Markdown("\n".join(lines)))

@@ -9,7 +9,10 @@ sweep command resumes it.
 
 A point whose final_metrics.json is there and readable is done and skipped; one whose
 file cannot be read (cut short by an older version's kill, say) is trained again, which
-resumes from its last checkpoint and writes the file anew.
+resumes from its last checkpoint and writes the file anew. A point whose loss became NaN or
+Inf (a learning rate too high for it: a finding of the sweep, not a failure of it) is
+recorded as diverged, its final_metrics.json {"diverged": the loop's message}, and the sweep
+goes on; delete that file to train the point again.
 """
 
 import csv
@@ -24,6 +27,7 @@ from research import files
 from research.errors import ConfigError, UserError, WorkdirError
 from research.training import workdir as workdirs
 from research.training.experiment import Experiment
+from research.training.metrics import NonFiniteLossError
 from research.training.loop import (
   CONFIG,
   FINAL_METRICS,
@@ -89,6 +93,10 @@ def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment) 
           final = train(point_config, point_dir, experiment, on_start=lease.start)
         except UserError as error:     # a file or workdir of this point: say which point
           raise type(error)(f"sweep point {index} ({point_name(point)}): {error}") from error
+        except NonFiniteLossError as error:
+          final = _diverged(point_dir, error)
+          print(f"sweep point {index} ({point_name(point)}): {error}; recorded as diverged, "
+                "the sweep goes on", file=sys.stderr, flush=True)
       rows.append({**point, **final})
       lease.start()                    # (every point done before: the summary writes first)
       write_summary(rows, workdir)
@@ -137,6 +145,16 @@ def _record(config, points: list[dict], workdir: str) -> None:
     files.write_json(os.path.join(workdir, SWEEP_RECORD),
                      {"config": json.loads(config.to_json_best_effort()),
                       "points": [point_name(point) for point in points]})
+
+
+def _diverged(point_dir: str, error: NonFiniteLossError) -> dict:
+  """The final metrics of a point whose loss became NaN or Inf, written as a finished
+  point's (process 0 writes)."""
+  final = {"diverged": str(error)}
+  if jax.process_index() == 0:
+    os.makedirs(point_dir, exist_ok=True)
+    files.write_json(os.path.join(point_dir, FINAL_METRICS), final)
+  return final
 
 
 def _finished(point_dir: str) -> dict | None:

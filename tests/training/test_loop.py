@@ -299,6 +299,26 @@ def test_a_sweep_refuses_a_root_workdir_a_run_would_refuse_before_any_point(case
   assert capsys.readouterr().err == ""
 
 
+def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
+  """A NaN loss (a rate too high) ends its own point alone: recorded as diverged, in its
+  final_metrics.json and the summary; the next point trains; a rerun skips both."""
+  task, poisoned = tiny.task(), _poisoned(first_bad=5)
+  either = task._replace(build=lambda c: (poisoned if c.train.learning_rate > 0.05
+                                          else task).build(c))
+  config = tiny.config(**{"train.num_steps": 20, "train.eval_every": 20})
+  points = [{"train.learning_rate": 0.1}, {"train.learning_rate": 0.01}]
+  rows = run_sweep(config, points, str(tmp_path), either)
+  assert rows[0]["diverged"].startswith("loss is nan at step 5;"), rows[0]
+  assert "eval/loss" not in rows[0] and np.isfinite(rows[1]["eval/loss"])
+  assert "sweep point 0 (train.learning_rate=0.1): loss is nan" in capsys.readouterr().err
+  with open(tmp_path / "train.learning_rate=0.1" / "final_metrics.json") as f:
+    assert json.load(f) == {"diverged": rows[0]["diverged"]}
+  assert run_sweep(config, points, str(tmp_path), either) == rows
+  assert "recorded as diverged" not in capsys.readouterr().err        # skipped, not retrained
+  with open(tmp_path / "summary.csv") as f:
+    assert f.readline().rstrip().split(",")[:2] == ["train.learning_rate", "diverged"]
+
+
 def test_sweep_writes_a_summary_and_skips_finished_points(tmp_path):
   config = tiny.config(**{"train.num_steps": 20, "train.eval_every": 20})
   points = [{"model.kind": "rnn"}, {"model.kind": "gru"}]
