@@ -27,7 +27,6 @@ from research import files
 from research.errors import ConfigError, UserError, WorkdirError
 from research.training import workdir as workdirs
 from research.training.experiment import Experiment
-from research.training.metrics import NonFiniteLossError
 from research.training.loop import (
   CONFIG,
   FINAL_METRICS,
@@ -37,6 +36,7 @@ from research.training.loop import (
   train,
   validate,
 )
+from research.training.metrics import NonFiniteLossError
 from research.training.validation import apply_overrides
 
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
