@@ -36,7 +36,7 @@ Presets:
             batch 64, 1 500 steps (1.2 epochs of 80 000 sequences), warm-up 100 then cosine,
             weight decay 0.1, gradients clipped at norm 1, no dropout, and two learning
             rates per family (1e-3 and 3e-3; the GRU and LSTM 3e-3 and 1e-2); 1 000 test
-            sequences. 120 points of 1–5 minutes.
+            sequences. 120 points of 1–8 minutes on one core (about 6 core-hours).
 
 Expected (cpu preset): docs/results/mqar.md. For scale, the base config (full attention,
 width 64, 8 pairs in 64 tokens) leaves the plateau of answering one of the values present
