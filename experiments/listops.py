@@ -61,12 +61,14 @@ from research.models.kinds import BLOCK_KINDS
 from research.models.self_attention import SELF_ATTENTIONS
 from research.training.config import base_config, parse_variants
 
+# LRA's ListOps (96 000 trees of 500-2 000 tokens), as LRA, S5 and the LRU train on it
+LRA_DATA = dict(min_tree_length=500, max_tree_length=2000, train_examples=96_000,
+                eval_examples=2_000, test_examples=2_000, max_length=2000)
 PRESETS = {
     "lra": dict(
         train=dict(num_steps=5000, batch_size=32, learning_rate=0.05 / 1000 ** 0.5,
                    warmup_steps=1000, weight_decay=0.1, eval_every=500),
-        data=dict(min_tree_length=500, max_tree_length=2000, train_examples=96_000,
-                  eval_examples=2_000, test_examples=2_000, max_length=2000),
+        data=LRA_DATA,
         model=dict(num_layers=6, hidden_size=512, num_heads=8, mlp_size=2048, norm="post",
                    dropout_rate=0.1, window=128, proj_len=256, block_size=64)),
     "cpu": dict(
@@ -82,8 +84,7 @@ PRESETS = {
         train=dict(num_steps=40 * 96_000 // 50, batch_size=50, learning_rate=3e-3,
                    recurrence_learning_rate=1e-3, warmup_steps=96_000 // 50, weight_decay=0.04,
                    schedule="cosine", adam_b2=0.999, eval_every=96_000 // 50),
-        data=dict(min_tree_length=500, max_tree_length=2000, train_examples=96_000,
-                  eval_examples=2_000, test_examples=2_000, max_length=2000),
+        data=LRA_DATA,
         model=dict(kind="s5", num_layers=8, hidden_size=128, num_heads=1, mlp_size=0,
                    state_size=16, mixer_gate="half_glu", norm="pre", pooling="mean",
                    positions="none", dropout_rate=0.0, window=128, proj_len=256, block_size=64),
@@ -95,8 +96,7 @@ PRESETS = {
         train=dict(num_steps=40 * 96_000 // 64, batch_size=64, learning_rate=1e-3,
                    recurrence_learning_rate=5e-4, warmup_steps=0, weight_decay=0.05,
                    schedule="cosine", adam_b2=0.999, eval_every=96_000 // 64),
-        data=dict(min_tree_length=500, max_tree_length=2000, train_examples=96_000,
-                  eval_examples=2_000, test_examples=2_000, max_length=2000),
+        data=LRA_DATA,
         model=dict(kind="lru", num_layers=4, hidden_size=256, num_heads=1, mlp_size=0,
                    state_size=128, mixer_gate="glu", norm="pre", pooling="mean",
                    positions="none", dropout_rate=0.1, window=128, proj_len=256, block_size=64),
