@@ -10,11 +10,12 @@ mixer" is the identity). `mixer_gate` follows the mixer with the gated linear un
 S5 and LRU papers' layers (their only nonlinearity: those layers have no MLP), on the
 mixer's output y:
 
-  glu        W₁ Drop(gelu(y)) ⊙ σ(W₂ Drop(gelu(y)))    (the LRU paper's; S5's "full_glu")
-  half_glu   y ⊙ σ(W₂ Drop(gelu(y)))                   (S5's "half_glu2", its LRA recipes)
+  glu        W_v Drop_a(gelu(y)) ⊙ σ(W_g Drop_a(gelu(y)))   (the LRU paper's; S5's "full_glu")
+  half_glu   y ⊙ σ(W_g Drop_a(gelu(y)))                      (S5's "half_glu2", its LRA recipes)
 
-W₁ ("gate_value"), W₂ ("gate") [F, F] with biases. Drop is dropout at `dropout_rate` on each branch, Drop_a at
-`activation_dropout_rate` on the MLP's hidden units (train=True only). gelu is flax's (the
+W_v ("gate_value") and W_g ("gate") [F, F] with biases. Drop is dropout at `dropout_rate` on
+each branch, Drop_a at `activation_dropout_rate` on the MLP's hidden units and the gate's
+input (train=True only). gelu is flax's (the
 tanh approximation); W₁ is [F, mlp_size], W₂ [mlp_size, F]. A pre-norm stack ends with a
 final LayerNorm (the model's).
 
