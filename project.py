@@ -1,4 +1,4 @@
-"""Set up the project's virtual environment if needed, then run one task in it.
+"""Set up the project's virtual environments if needed, then run one task in them.
 
     python3 project.py main     # the main job: launch.py's default experiment (nmt_dates)
     python3 project.py test     # the linter, then the whole test suite (arguments: pytest's)
@@ -8,19 +8,23 @@
                                 # compile_targets, accelerator, lra_efficiency
 
 `test` and `quick` run `ruff check .` first (the configuration in pyproject.toml) and stop
-there when it fails. Plain `bench` runs recurrent, attention and attention_bound; `bench NAME`
-runs benchmarks/NAME.py with the arguments that made results/NAME.md, and writes its output
-there (the command and the commit in its first line: the docs quote these files) when it
-ends with exit status 0; a run that failed or was refused leaves the committed file as it
-was. `bench NAME arguments` with other arguments only prints (a different table is no
-replacement). `bench accelerator` writes its own report (runs/accelerator_report.md).
+there when it fails. `test` then runs its two tiers, each in its own environment: the unit
+tests in `.venv-quick`, which holds the `test` extra alone, as `quick` runs them (what they
+check must hold on a machine without the toolchains), then the `slow` and `aot` tests in
+`.venv`; it fails if either fails. Plain `bench` runs recurrent, attention and
+attention_bound; `bench NAME` runs benchmarks/NAME.py with the arguments that made
+results/NAME.md, and writes its output there (the command and the commit in its first line:
+the docs quote these files) when it ends with exit status 0; a run that failed or was refused
+leaves the committed file as it was. `bench NAME arguments` with other arguments only prints
+(a different table is no replacement). `bench accelerator` writes its own report
+(runs/accelerator_report.md).
 
-Needs only Python >= 3.11 and pip. The first call creates `.venv` and installs the
-package with what the task needs: `test` and `bench` the `test` extra and `aot`, the
-toolchains that compile for TPUs and GPUs from a CPU (about 1.5 GB); `quick` the `test`
-extra alone. Later calls reinstall only when pyproject.toml changed (an environment with
-more extras serves a task that needs fewer), so they start at once. On an accelerator,
-name its extra:
+Needs only Python >= 3.11 and pip. The first call creates the environment a task needs and
+installs the package with its extras: `main` none in `.venv`; `test` and `bench` the `test`
+extra and `aot`, the toolchains that compile for TPUs and GPUs from a CPU (about 1.5 GB), in
+`.venv`; `quick` (and `test`'s unit tier) the `test` extra in `.venv-quick`. Later calls
+reinstall only when pyproject.toml changed (an environment with more extras serves a task
+that needs fewer), so they start at once. On an accelerator, name its extra:
 
     RESEARCH_EXTRAS=cuda python3 project.py main    # NVIDIA GPU (jax[cuda13]); or tpu
 """
@@ -35,18 +39,29 @@ import sys
 import venv
 
 ROOT = pathlib.Path(__file__).resolve().parent
-VENV = ROOT / ".venv"
-PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+VENV = ROOT / ".venv"                # main, bench and the slow and aot tests
+QUICK_VENV = ROOT / ".venv-quick"    # the unit tests, without the compile toolchains
+
+
+def python(venv: pathlib.Path) -> pathlib.Path:
+  return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+PYTHON = python(VENV)
 
 # one worker per core (pytest-xdist); tests of one xdist_group share a worker
 PYTEST = ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]
+UNIT_TIER = (QUICK_VENV, "test", [*PYTEST, "-m", "not slow and not aot"])   # tests/markers.txt
+TOOLCHAIN_TIER = (VENV, "test,aot", [*PYTEST, "-m", "slow or aot"])
 TASKS = {
-    # name: (pip extras, command run inside the environment; extra arguments go after it)
-    "main": ("", ["launch.py"]),
-    "test": ("test,aot", PYTEST),
-    "quick": ("test", [*PYTEST, "-m", "not slow and not aot"]),   # tests/markers.txt
-    "bench": ("test,aot", []),   # benchmarks/NAME.py; aot: deviceless compiles
+    # name: its steps, each (environment, pip extras, command run inside it; extra arguments
+    # go after it)
+    "main": [(VENV, "", ["launch.py"])],
+    "test": [UNIT_TIER, TOOLCHAIN_TIER],
+    "quick": [UNIT_TIER],
+    "bench": [(VENV, "test,aot", [])],   # benchmarks/NAME.py; aot: deviceless compiles
 }
+NO_TESTS = 5                         # pytest's exit status when a tier selects no test
 LINTED = ("test", "quick")   # `ruff check .` first
 LINT = ["-m", "ruff", "check", "."]
 # NAME: the arguments of the command results/NAME.md records
@@ -99,41 +114,52 @@ def run_recorded(command: list[str], path: pathlib.Path) -> int:
   return process.returncode
 
 
-def ensure_environment(extras: str) -> None:
-  """Creates .venv and installs `.[extras]` (and $RESEARCH_EXTRAS) unless an installation of
-  those extras, or more, from this pyproject.toml is there already."""
+def ensure_environment(environment: pathlib.Path, extras: str) -> None:
+  """Creates `environment` (a virtual environment) and installs `.[extras]` (and
+  $RESEARCH_EXTRAS) unless an installation of those extras, or more, from this
+  pyproject.toml is there already."""
   extras = ",".join(filter(None, [extras, *os.environ.get("RESEARCH_EXTRAS", "").split(",")]))
   digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-  if PYTHON.exists() and installed(extras, digest):
+  interpreter = python(environment)
+  if interpreter.exists() and installed(environment, extras, digest):
     return
-  if not PYTHON.exists():
-    print("Creating .venv ...", flush=True)
-    venv.create(VENV, with_pip=True)
+  if not interpreter.exists():
+    print(f"Creating {environment.name} ...", flush=True)
+    venv.create(environment, with_pip=True)
   target = f".[{extras}]" if extras else "."
-  print(f"Installing {target} into .venv (first run only) ...", flush=True)
-  pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+  print(f"Installing {target} into {environment.name} (first run only) ...", flush=True)
+  pip = [str(interpreter), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
          "--no-compile"]   # modules compile when first imported: set-up in half the time
   subprocess.run([*pip, "-e", target], cwd=ROOT, check=True)
   if "aot" in extras.split(","):
-    subprocess.run([*pip, *aot_pins()], cwd=ROOT, check=True)
-  (VENV / f".installed-{extras or 'base'}").write_text(digest)
+    subprocess.run([*pip, *aot_pins(interpreter)], cwd=ROOT, check=True)
+  (environment / f".installed-{extras or 'base'}").write_text(digest)
 
 
-def installed(extras: str, digest: str) -> bool:
-  """Whether .venv holds `extras` (comma-separated), or more, installed from the
+def installed(environment: pathlib.Path, extras: str, digest: str) -> bool:
+  """Whether `environment` holds `extras` (comma-separated), or more, installed from the
   pyproject.toml of this `digest`: each installation leaves .installed-EXTRAS holding it."""
   wanted = set(extras.split(",")) - {""}
   return any(wanted <= set(stamp.name.removeprefix(".installed-").split(","))
-             and stamp.read_text() == digest for stamp in VENV.glob(".installed-*"))
+             and stamp.read_text() == digest for stamp in environment.glob(".installed-*"))
 
 
-def aot_pins() -> list[str]:
+def aot_pins(interpreter: pathlib.Path) -> list[str]:
   """The compile-only toolchains at the installed JAX's own version (the `aot` extra's
   ranges cannot name it)."""
-  version = subprocess.run([str(PYTHON), "-c", "import jax; print(jax.__version__)"],
+  version = subprocess.run([str(interpreter), "-c", "import jax; print(jax.__version__)"],
                            capture_output=True, text=True, check=True).stdout.strip()
   return [f"jax[tpu]=={version}", f"jax-cuda12-plugin=={version}",
           f"jax-cuda12-pjrt=={version}"]
+
+
+def worst(statuses: list[int]) -> int:
+  """The exit status of a task of several steps: the first failure's; a tier that selected
+  no test (the arguments chose tests of the other tier only) fails only if all did."""
+  failures = [status for status in statuses if status not in (0, NO_TESTS)]
+  if failures:
+    return failures[0]
+  return NO_TESTS if all(status == NO_TESTS for status in statuses) else 0
 
 
 def main(argv: list[str]) -> int:
@@ -149,14 +175,17 @@ def main(argv: list[str]) -> int:
   except UsageError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
-  extras, command = TASKS[task]
-  ensure_environment(extras)
-  if task in LINTED and (status := subprocess.call([str(PYTHON), *LINT], cwd=ROOT)):
+  steps = TASKS[task]
+  for environment, extras, _ in steps:
+    ensure_environment(environment, extras)
+  if task in LINTED and (status := subprocess.call([str(python(steps[0][0])), *LINT],
+                                                   cwd=ROOT)):
     print(f"error: `ruff check .` failed (exit {status}); the tests did not run",
           file=sys.stderr)
     return status
   if task != "bench":
-    return subprocess.call([str(PYTHON), *command, *args], cwd=ROOT)
+    return worst([subprocess.call([str(python(step[0])), *step[2], *args], cwd=ROOT)
+                  for step in steps])
   for command, path in runs:
     if path is None:
       status = subprocess.call([str(PYTHON), *command], cwd=ROOT)

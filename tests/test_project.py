@@ -1,7 +1,8 @@
 """project.py: a benchmark's output shown and kept in results/NAME.md, whole, with the
 command that made it, only for that command and only when it succeeds; a bad name refused
 in one line before anything is set up; the test tiers (the linter first, `quick` without
-the slow and the `aot` tests) and the environments they share."""
+the slow and the `aot` tests, `test` both tiers, each in its own environment) and the
+environments' installations."""
 
 import importlib
 import importlib.util
@@ -40,7 +41,7 @@ def test_a_failed_benchmark_keeps_the_previous_file(tmp_path, monkeypatch):
 
 
 def test_bench_refuses_an_unknown_benchmark_before_setting_anything_up(capsys, monkeypatch):
-  monkeypatch.setattr(project, "ensure_environment", lambda extras: pytest.fail("set up"))
+  monkeypatch.setattr(project, "ensure_environment", lambda *_: pytest.fail("set up"))
   for argv in (["bench", "bogus"], ["bench", "--lengths=1024"], ["bogus"]):
     assert project.main(argv) == 2
     err = capsys.readouterr().err
@@ -70,25 +71,38 @@ def test_only_a_benchmarks_recorded_command_writes_its_results_file():
 
 
 def test_the_test_tiers_stop_at_the_linter_and_quick_leaves_out_slow_and_aot(monkeypatch):
+  """`quick` runs the unit tests in the toolchain-free environment; `test` runs them there
+  too, then the slow and aot tests in .venv: every test once, in one of the two."""
   calls = []
-  monkeypatch.setattr(project, "ensure_environment", calls.append)
-  lint_status = {"status": 1}
+  monkeypatch.setattr(project, "ensure_environment",
+                      lambda environment, extras: calls.append((environment.name, extras)))
+  status = {"lint": 1, "tiers": []}
 
   def call(command, cwd):
-    calls.append(command[1:])
-    return lint_status["status"] if command[1:] == project.LINT else 0
+    calls.append((pathlib.Path(command[0]).parents[1].name, command[1:]))
+    return status["lint"] if command[1:] == project.LINT else status["tiers"].pop(0)
 
   monkeypatch.setattr(project.subprocess, "call", call)
   assert project.main(["quick", "-x"]) == 1
-  assert calls == ["test", project.LINT]   # no aot; the tests did not run
+  assert calls == [(".venv-quick", "test"), (".venv-quick", project.LINT)]   # no test ran
   calls.clear()
-  lint_status["status"] = 0
+  status.update(lint=0, tiers=[0])
   assert project.main(["quick", "-x"]) == 0
-  assert calls[0] == "test" and calls[1] == project.LINT
-  assert calls[2][calls[2].index("-m", 1) + 1] == "not slow and not aot" and calls[2][-1] == "-x"
+  environment, command = calls[2]
+  assert environment == ".venv-quick" and command[-1] == "-x"
+  assert command[command.index("-m", 1) + 1] == "not slow and not aot"
   calls.clear()
-  assert project.main(["test"]) == 0
-  assert calls[0] == "test,aot" and calls[1] == project.LINT and "-m" not in calls[2][1:]
+  status["tiers"] = [0, 0]
+  assert project.main(["test", "-x"]) == 0
+  assert calls[:2] == [(".venv-quick", "test"), (".venv", "test,aot")]
+  (unit_venv, unit), (rest_venv, rest) = calls[3:]
+  assert unit_venv == ".venv-quick" and rest_venv == ".venv"
+  selections = {unit[unit.index("-m", 1) + 1], rest[rest.index("-m", 1) + 1]}
+  assert selections == {"not slow and not aot", "slow or aot"}    # complements
+  for statuses, expected in (([1, 0], 1), ([0, 3], 3), ([5, 0], 0), ([0, 5], 0), ([5, 5], 5),
+                             ([2, 1], 2)):   # 5: a tier the arguments left without tests
+    status["tiers"] = list(statuses)
+    assert project.main(["test"]) == expected, statuses
 
 
 def test_the_linter_is_installed_with_the_tests_and_flags_what_the_config_selects(tmp_path):
@@ -106,14 +120,15 @@ def test_the_linter_is_installed_with_the_tests_and_flags_what_the_config_select
   assert check("good.py").returncode == 0
 
 
-def test_an_environment_with_more_extras_serves_a_task_that_needs_fewer(tmp_path, monkeypatch):
-  monkeypatch.setattr(project, "VENV", tmp_path)
+def test_an_environment_with_more_extras_serves_a_task_that_needs_fewer(tmp_path):
   (tmp_path / ".installed-test,aot").write_text("digest", encoding="utf-8")
   (tmp_path / ".installed-base").write_text("old digest", encoding="utf-8")
-  assert project.installed("test", "digest") and project.installed("test,aot", "digest")
-  assert project.installed("", "digest")
-  assert not project.installed("test,aot,cuda", "digest")
-  assert not project.installed("test", "new digest")   # pyproject.toml changed
+  assert project.installed(tmp_path, "test", "digest")
+  assert project.installed(tmp_path, "test,aot", "digest")
+  assert project.installed(tmp_path, "", "digest")
+  assert not project.installed(tmp_path, "test,aot,cuda", "digest")
+  assert not project.installed(tmp_path, "test", "new digest")   # pyproject.toml changed
+  assert not project.installed(tmp_path / "other", "", "digest")   # another environment
 
 
 # (benchmark, arguments, how its `error:` line starts, what else it must show)

@@ -11,7 +11,9 @@ it may be lowered for, which registered `Implementation` runs it there (`plan`):
                 it can do on no platform fails at once, naming what is missing and the
                 implementations that can.
   "auto"        per platform, the first of the implementations that run natively there
-                and can do the request, by `auto_rank` (then registration order).
+                and can do the request, by `auto_rank` (then registration order); the
+                same on every machine (a pick whose library is not installed here is
+                refused when lowered for its platform, not swapped for another).
 
 The platforms are the capability names "cpu", "gpu" (NVIDIA: the "cuda" lowering platform)
 and "tpu". The choice is made per *lowering* platform (`platforms.per_platform`), not from
@@ -313,11 +315,18 @@ def candidates(request: Request) -> tuple[str, ...]:
 
 def choose(request: Request) -> Implementation:
   """What `implementation="auto"` runs on `request.platform`: the first of
-  `candidates(request)` that can do it and can be traced on this machine."""
+  `candidates(request)` that can do it. The pick depends on the request and its platform
+  alone, never on what this machine has installed: a pick that cannot be traced here (a
+  library missing, `missing_here`) is refused naming what to install, rather than replaced
+  by another kernel on this machine only."""
   for name in candidates(request):
     impl = _REGISTRY[name]
-    if not impl.unsupported(request) and (impl.missing_here is None or not impl.missing_here()):
-      return impl
+    if impl.unsupported(request):
+      continue
+    if impl.missing_here is not None and (missing := impl.missing_here()):
+      raise ImplementationError(f"implementation='auto' runs {name!r} for this on "
+                                f"{request.platform!r}, which cannot be traced here: {missing}")
+    return impl
   raise ImplementationError(f"implementation='auto': no implementation can do this on "
                    f"{request.platform!r}; dense cannot: "
                    f"{'; '.join(get('dense').unsupported(request))}")

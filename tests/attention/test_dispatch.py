@@ -54,8 +54,35 @@ SHORT = dict(q_len=128, kv_len=128)
     ("cpu", Request(causal=True, bias=True, **LONG), "chunked"),
     ("cpu", Request(causal=True, return_weights=True, **LONG), "dense"),
 ])
-def test_auto_picks_by_the_table(platform, request_, chosen):
+def test_auto_picks_by_the_table(platform, request_, chosen, monkeypatch):
+  # the pick is the table's on any machine: as if every library were installed here
+  for name, implementation in registry._REGISTRY.items():
+    monkeypatch.setitem(registry._REGISTRY, name,
+                        dataclasses.replace(implementation, missing_here=None))
   assert registry.choose(request_._replace(platform=platform)).name == chosen
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_a_pick_whose_library_is_missing_here_is_refused_not_swapped(installed, monkeypatch):
+  """Without cuDNN's library on this machine, "auto" still picks cuDNN for a GPU (and says
+  what to install when lowered for one); the other platforms' picks do not change."""
+  reason = None if installed else "the cuDNN library is not installed here (pip install …)"
+  monkeypatch.setitem(registry._REGISTRY, "cudnn", dataclasses.replace(
+      registry.get("cudnn"), missing_here=lambda: reason))
+  gpu = Request(causal=True, dtype="bfloat16", platform="gpu", **LONG)
+  if installed:
+    assert registry.choose(gpu).name == "cudnn"
+  else:
+    with pytest.raises(registry.ImplementationError,
+                       match=r"runs 'cudnn' for this on 'gpu'.*not installed here"):
+      registry.choose(gpu)
+  choices = registry.plan("auto", gpu, host="cpu")        # traced here: fails only for a GPU
+  assert (choices["gpu"].implementation is None) != installed
+  for platform in ("cpu", "tpu"):
+    assert choices[platform].implementation is registry.choose(gpu._replace(platform=platform))
+  # a request cuDNN cannot do goes to its kernel whether or not cuDNN is installed
+  window = gpu._replace(window=(256, 0), global_tokens=True)
+  assert registry.choose(window).name == "pallas_gpu"
 
 
 def test_auto_never_picks_an_interpreted_kernel():
