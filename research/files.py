@@ -9,12 +9,18 @@ previous file or the new one, never a part of one; a failed write removes its te
 A file cut short can still be met (written by an older version, copied by hand):
 `read_json` names it and what is wrong in one line (`UnreadableFile`), for the caller to
 refuse or recover.
+
+A set of files written together (a generated data set) is written under `locked`, an flock on
+a lock file beside it, which its readers hold too: no process reads a set another is writing.
 """
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -43,6 +49,59 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args) -> Itera
     if isinstance(error, OSError) and error.filename == temporary:    # say which file
       raise OSError(error.errno, error.strerror, path) from error
     raise
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, what: str, shared: bool = False) -> Iterator[None]:
+  """Holds an flock on the lock file at `path` (created if missing, never removed) while the
+  block runs: exclusive, or `shared` with other shared holders. When another process holds it,
+  says so in one line on stderr ("waiting for <what> (lock <path>)") and waits. A lock file
+  removed or replaced meanwhile (someone deleted the folder) is opened again, until the file
+  locked is the one at `path`. The kernel releases the lock when its holder dies.
+
+  A shared lock in a place this process cannot write (a read-only data directory, where it can
+  generate nothing) takes the lock file read-only when it exists, and is held without one when
+  it does not. Raises OSError when an exclusive lock's file cannot be created or opened.
+  """
+  path = os.fspath(path)
+  kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+  said = False
+  while True:
+    handle = _open_lock(path, shared)
+    if handle is None:
+      yield
+      return
+    with handle:
+      try:
+        fcntl.flock(handle, kind | fcntl.LOCK_NB)
+      except OSError as error:
+        if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+          raise
+        if not said:
+          print(f"waiting for {what} (lock {path})", file=sys.stderr, flush=True)
+          said = True
+        fcntl.flock(handle, kind)
+      try:
+        current = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+      except FileNotFoundError:
+        current = False
+      if current:
+        yield
+        return
+
+
+def _open_lock(path: str, shared: bool) -> IO | None:
+  """The lock file, open for writing (created if missing); for a shared lock where that is
+  not allowed, open for reading, or None when it does not exist either."""
+  try:
+    return open(path, "a", encoding="utf-8")
+  except OSError as error:
+    if not shared or error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+      raise
+  try:
+    return open(path, encoding="utf-8")
+  except FileNotFoundError:
+    return None
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

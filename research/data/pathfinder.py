@@ -20,20 +20,23 @@ sample_172.png); its input pipeline (lra_benchmarks/image/input_pipeline.py) fee
 levels 0..255 as integer tokens, row by row, and splits each difficulty [:80%] / [80%:90%] /
 [90%:] into train / val / test. `write_release` writes that layout in folders of 1000 images
 (LRA's: 200 per difficulty), `read_release` reads ours and LRA's, `ensure_generated` writes a
-generated set once.
+generated set once and `read_generated` reads it back, both under a lock beside the folder:
+a generated set is renamed into place whole, and never read while another process writes it.
 """
 
+import contextlib
 import io
 import math
 import os
 import shutil
+import warnings
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from research.data.pathfinder_drawing import Recipe, draw_samples
 from research.errors import ConfigError, InputError, excerpt
-from research.files import UnreadableFile, read_json, write_json, write_text
+from research.files import UnreadableFile, locked, read_json, write_json, write_text
 
 # name -> (LRA's folder, contour length)
 DIFFICULTIES = {"easy": ("curv_baseline", 6), "intermediate": ("curv_contour_length_9", 9),
@@ -124,6 +127,13 @@ def write_release(root: str | os.PathLike, resolution: int, difficulty: str | in
   LRA's fields, each folder's metadata written whole after its images), FOLDER_SIZE images
   per folder k; `start` must begin a folder. `margins` [N] fills the paddle-margin field
   (default: the recipe's margin, where it has one)."""
+  _write_folder(release_folder(root, resolution, difficulty), resolution, difficulty, images,
+                labels, margins, start)
+
+
+def _write_folder(folder: str, resolution: int, difficulty: str | int, images: np.ndarray,
+                  labels: np.ndarray, margins: np.ndarray | None, start: int) -> None:
+  """write_release into `folder` (a difficulty's folder, or ensure_generated's temporary one)."""
   recipe = lra_recipe(resolution, difficulty)
   images, labels = np.asarray(images), np.asarray(labels)
   if images.dtype != np.uint8 or images.shape[1:] != (resolution, resolution):
@@ -137,7 +147,6 @@ def write_release(root: str | os.PathLike, resolution: int, difficulty: str | in
     if len(recipe.paddle_margins) > 1:
       raise ValueError(f"margins: pathfinder{resolution} draws them per image; pass them")
     margins = np.full(len(images), recipe.paddle_margins[0])
-  folder = release_folder(root, resolution, difficulty)
   fields = (f"{recipe.continuity} {recipe.contour_length} {recipe.distractor_length} "
             f"{recipe.paddle_length} {recipe.paddle_thickness}")
   os.makedirs(os.path.join(folder, "metadata"), exist_ok=True)
@@ -167,7 +176,8 @@ def read_release(root: str | os.PathLike, resolution: int, difficulty: str | int
 
   Raises InputError naming the folder, the metadata file and line, or the image, and what was
   expected: a missing folder, no metadata, a malformed line, a missing or unreadable image,
-  or one of another size.
+  or one of another size (the size its header declares, refused before it is decoded; a file
+  larger than max_image_bytes(R), unread).
   """
   folder = release_folder(root, resolution, difficulty)
   examples = [(path, label) for metadata in _metadata_files(folder)
@@ -245,28 +255,58 @@ def _metadata_entries(folder: str, metadata: str) -> list[tuple[tuple[str, str],
 
 def _read_image(path: str, where: str, resolution: int) -> np.ndarray | None:
   """uint8 [R, R] grey levels of the image at `path` (listed at `where`); None for an empty
-  file (LRA drops them)."""
+  file (LRA drops them).
+
+  Nothing larger than an R x R image is read or decoded: a file of more than
+  max_image_bytes(R) bytes is refused unread, and an image whose header declares another size
+  is refused before its pixels are decoded (PIL opens lazily), as are PIL's decompression
+  bombs. Each refusal, and a MemoryError while decoding, is one InputError naming the file.
+  """
+  limit = max_image_bytes(resolution)
   try:
     with open(path, "rb") as f:
-      data = f.read()
+      data = f.read(limit + 1)
   except FileNotFoundError:
     raise InputError(f"{path}: no such image (listed at {where})") from None
   except OSError as error:
     raise InputError(f"{path}: cannot be read ({error.strerror or error}; listed at {where})"
                      ) from None
+  expected = f"a {resolution}x{resolution} grey image"
+  if len(data) > limit:
+    raise InputError(f"{path}: more than {limit} bytes, more than {expected} takes (listed at "
+                     f"{where})")
   if not data:
     return None
+  with _image_errors(path, where, expected):
+    image = Image.open(io.BytesIO(data))        # the header alone: nothing decoded yet
+  with image:
+    if image.size != (resolution, resolution):
+      raise InputError(f"{path}: expected {expected}, got {image.size[0]}x{image.size[1]} "
+                       f"(listed at {where})")
+    with _image_errors(path, where, expected):
+      return np.asarray(image if image.mode == "L" else image.convert("L"))
+
+
+def max_image_bytes(resolution: int) -> int:
+  """The largest image file read at a resolution: an R x R RGBA image stored uncompressed, and
+  1 MiB for PNG chunks beside it (LRA's 8-bit grey PNGs take a few KiB)."""
+  return 4 * resolution * resolution + (1 << 20)
+
+
+@contextlib.contextmanager
+def _image_errors(path: str, where: str, expected: str):
+  """PIL's errors for an unreadable image, its decompression bombs (the warning too) and a
+  MemoryError -> one InputError naming the file."""
   try:
-    with Image.open(io.BytesIO(data)) as image:
-      image = image if image.mode == "L" else image.convert("L")
-      pixels = np.asarray(image)
-  except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
-    raise InputError(f"{path}: not a readable image ({error}; listed at {where}); expected a "
-                     f"{resolution}x{resolution} grey PNG") from None
-  if pixels.shape != (resolution, resolution):
-    raise InputError(f"{path}: expected a {resolution}x{resolution} grey image, got "
-                     f"{pixels.shape[1]}x{pixels.shape[0]} (listed at {where})")
-  return pixels
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", Image.DecompressionBombWarning)
+      yield
+  except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+    raise InputError(f"{path}: declares an image too large to decode ({error}; listed at "
+                     f"{where}); expected {expected}") from None
+  except (UnidentifiedImageError, OSError, ValueError, SyntaxError, MemoryError) as error:
+    raise InputError(f"{path}: not a readable image ({type(error).__name__}: {error}; listed "
+                     f"at {where}); expected {expected}") from None
 
 
 def _record(resolution: int, difficulty: str | int, count: int, seed: int) -> dict:
@@ -286,38 +326,110 @@ def is_generated(root: str | os.PathLike, resolution: int, difficulty: str | int
   return record == {**_record(resolution, difficulty, count, seed), "complete": True}
 
 
+def generation_lock(root: str | os.PathLike, resolution: int, difficulty: str | int) -> str:
+  """The lock file beside release_folder(root, ...), <difficulty folder>.lock, that
+  ensure_generated and read_generated hold."""
+  return release_folder(root, resolution, difficulty) + ".lock"
+
+
+def _locked(root: str | os.PathLike, resolution: int, difficulty: str | int,
+            shared: bool = False):
+  """The generation lock of release_folder(root, ...), held (research.files.locked)."""
+  folder = release_folder(root, resolution, difficulty)
+  os.makedirs(os.path.dirname(folder), exist_ok=True)
+  what = "another process generating" if shared else "another process reading or generating"
+  return locked(generation_lock(root, resolution, difficulty), f"{what} {folder}", shared)
+
+
 def ensure_generated(root: str | os.PathLike, resolution: int, difficulty: str | int,
                      count: int, seed: int) -> None:
   """Writes `count` generated images (`generate`'s, seed `seed`) in LRA's layout under
   release_folder(root, ...), unless that folder already holds them.
 
-  The folder's generated.json records what it holds; it is written first as incomplete and
-  last as complete, so an interrupted write (or one of another count, seed or generator
-  version) is removed and written again. A folder that holds metadata but no record is not
+  Under the folder's generation lock (exclusive; another process generating or reading it
+  makes this one wait, saying so on stderr): the images are written into a temporary sibling
+  folder, .<name>.partial, with the record generated.json last, and the whole renamed into
+  place; so the folder holds a complete set or none, and a generation killed midway leaves
+  only the temporary folder, which the next holder of the lock removes. A folder of ours of
+  another count, seed or generator version (or an older version's interrupted write, recorded
+  incomplete) is replaced the same way. A folder that is not empty and has no record is not
   ours (LRA's download, say): InputError, nothing touched. Images are drawn and written
   FOLDER_SIZE at a time (memory stays small for Path-X).
   """
+  _ours(release_folder(root, resolution, difficulty))    # refused before the lock file is made
+  with _locked(root, resolution, difficulty):
+    _generate(root, resolution, difficulty, count, seed)
+
+
+def read_generated(root: str | os.PathLike, resolution: int, difficulty: str | int,
+                   count: int, seed: int) -> dict[str, dict[str, np.ndarray]]:
+  """ensure_generated, then read_release, with the generation lock held throughout: shared
+  while a complete set is only read (readers do not wait for each other), exclusive while it
+  is generated; no other process replaces the set while it is read.
+
+  The set read must hold exactly the `count` images its record names; InputError (naming the
+  folder) otherwise: an image emptied since is not dropped as read_release drops LRA's.
+  """
+  _ours(release_folder(root, resolution, difficulty))    # refused before the lock file is made
+  with _locked(root, resolution, difficulty, shared=True):
+    if is_generated(root, resolution, difficulty, count, seed):
+      return _read_whole(root, resolution, difficulty, count)
+  with _locked(root, resolution, difficulty):
+    _generate(root, resolution, difficulty, count, seed)
+    return _read_whole(root, resolution, difficulty, count)
+
+
+def _read_whole(root: str | os.PathLike, resolution: int, difficulty: str | int, count: int
+                ) -> dict[str, dict[str, np.ndarray]]:
+  """read_release of a generated set, which must hold `count` images; InputError saying how to
+  generate it again otherwise."""
   folder = release_folder(root, resolution, difficulty)
-  record_path = os.path.join(folder, RECORD)
-  wanted = _record(resolution, difficulty, count, seed)
+  again = f"generated images, changed since: delete {folder} to generate them again"
   try:
-    record = read_json(record_path)
-  except FileNotFoundError:
-    record = None
-  except UnreadableFile:
-    record = {}                       # ours, cut short: written again
-  if record == {**wanted, "complete": True}:
+    splits = read_release(root, resolution, difficulty)
+  except InputError as error:
+    raise InputError(f"{error} ({again})") from None
+  found = sum(len(split["labels"]) for split in splits.values())
+  if found != count:
+    raise InputError(f"{folder}: {found} readable images, its {RECORD} records {count} ({again})")
+  return splits
+
+
+def _generate(root: str | os.PathLike, resolution: int, difficulty: str | int, count: int,
+              seed: int) -> None:
+  """ensure_generated's work; the caller holds the generation lock, exclusive."""
+  folder = release_folder(root, resolution, difficulty)
+  parent, name = os.path.split(folder)
+  partial, old = (os.path.join(parent, f".{name}.{part}") for part in ("partial", "old"))
+  for leftover in (partial, old):     # a killed generation's: under the lock, none is alive
+    shutil.rmtree(leftover, ignore_errors=True)
+  wanted = _record(resolution, difficulty, count, seed)
+  if _ours(folder) == {**wanted, "complete": True}:
     return
-  if record is None and os.path.isdir(os.path.join(folder, "metadata")):
-    raise InputError(f"{folder}: holds a Pathfinder release this generator did not write (no "
-                     f"{RECORD}); generate into another folder, or remove it")
-  for part in ("imgs", "metadata"):
-    shutil.rmtree(os.path.join(folder, part), ignore_errors=True)
-  os.makedirs(folder, exist_ok=True)
-  write_json(record_path, {**wanted, "complete": False})
   recipe = lra_recipe(resolution, difficulty)
+  os.makedirs(partial)
   for start in range(0, count, FOLDER_SIZE):
     samples = draw_samples(seed, min(FOLDER_SIZE, count - start), recipe, start=start)
-    write_release(root, resolution, difficulty, samples.images, samples.labels,
-                  samples.margins, start=start)
-  write_json(record_path, {**wanted, "complete": True})
+    _write_folder(partial, resolution, difficulty, samples.images, samples.labels,
+                  samples.margins, start)
+  write_json(os.path.join(partial, RECORD), {**wanted, "complete": True})
+  if os.path.lexists(folder):
+    os.rename(folder, old)
+  os.rename(partial, folder)
+  shutil.rmtree(old, ignore_errors=True)
+
+
+def _ours(folder: str) -> dict | None:
+  """The record of a difficulty's folder written by ensure_generated ({} when cut short),
+  None when there is no folder or an empty one. InputError for a folder with something in it
+  and no record, which this generator did not write."""
+  try:
+    return read_json(os.path.join(folder, RECORD))
+  except FileNotFoundError:
+    pass
+  except UnreadableFile:
+    return {}                           # ours, cut short: written again
+  if os.path.lexists(folder) and not (os.path.isdir(folder) and not os.listdir(folder)):
+    raise InputError(f"{folder}: holds files this generator did not write (no {RECORD}; a "
+                     "Pathfinder release, say); generate into another folder, or remove it")
+  return None

@@ -36,6 +36,7 @@ from research.experiments.stack_config import (
   parameter_count,
   parameter_keys,
 )
+from research.files import locked
 from research.models.block_stack import POSITIONS
 from research.models.encoder_classifier import POOLINGS, EncoderClassifier
 from research.models.kinds import BLOCK_KINDS
@@ -145,17 +146,25 @@ def generates_data(config) -> bool:
 
 
 def split_files(config) -> dict[str, str]:
-  """split -> TSV path: the user's files, or the generated ones (written on first use)."""
+  """split -> TSV path: the user's files, or the generated ones (written on first use).
+
+  Each generated file is written whole (research.files.atomic_write) and the same for one
+  directory (its name holds the recipe), so a run reads a split set only once all three are
+  there, never part of one. They are written under the directory's lock (<directory>.lock,
+  research.files.locked): a second run that finds them missing waits for the first's write,
+  saying so on stderr, and then finds them all, instead of writing them again beside it."""
   if config.data.files:
     return _split_paths(config.data.files)
   paths = _generated_paths(config)
   if generates_data(config):
-    d = config.data
+    d, directory = config.data, generated_directory(config)
     sizes = (d.train_examples, d.eval_examples, d.test_examples)
     try:
-      listops.write_splits(generated_directory(config), d.seed,
-                           tuple(zip(SPLITS, sizes, strict=True)),
-                           (d.min_tree_length, d.max_tree_length))
+      os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+      with locked(f"{directory}.lock", f"another process generating {directory}"):
+        if generates_data(config):                   # not written while this one waited
+          listops.write_splits(directory, d.seed, tuple(zip(SPLITS, sizes, strict=True)),
+                               (d.min_tree_length, d.max_tree_length))
     except OSError as error:
       raise ConfigError(f"config.data.dir={d.dir!r}: cannot write the generated splits to "
                         f"{error.filename or generated_directory(config)} ("

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from research.data import aan, cifar10, imdb, pathfinder
-from research.errors import ConfigError, InputError
+from research.errors import ConfigError
 from research.experiments.classification import bucket_boundaries, classification_workload
 from research.experiments.registry import register
 from research.experiments.stack_config import (
@@ -192,25 +192,26 @@ def read_splits(config) -> dict[str, dict[str, np.ndarray]]:
     return {split: aan.read_split(d.files, split, d.max_length) for split in SPLITS}
   if d.task == "image":
     splits = {split: cifar10.read_split(d.files, split) for split in SPLITS}
+  elif d.files:
+    splits = pathfinder.read_release(d.files, d.resolution, d.difficulty)
   else:
-    root = d.files or generated_root(config)
-    if not d.files:
-      try:
-        pathfinder.ensure_generated(root, d.resolution, d.difficulty, d.examples, d.seed)
-      except OSError as error:
-        raise ConfigError(f"config.data.dir={d.dir!r}: cannot write the generated images to "
-                          f"{error.filename or root} ({error.strerror or error}); give a "
-                          "directory you can write to") from None
-    try:
-      splits = pathfinder.read_release(root, d.resolution, d.difficulty)
-    except InputError as error:
-      if d.files:
-        raise
-      raise InputError(f"{error} (generated images, changed since: delete {root} to generate "
-                       "them again)") from None
+    splits = _read_generated_pathfinder(config)
   return {split: {**arrays, "lengths": np.full(len(arrays["labels"]), max_length(config),
                                                np.int32)}
           for split, arrays in splits.items()}
+
+
+def _read_generated_pathfinder(config) -> dict[str, dict[str, np.ndarray]]:
+  """Pathfinder's images generated into generated_root(config) (once) and read back, under
+  the data set's lock (pathfinder.read_generated): a second run on the same data.dir waits
+  for the first's generation, and neither reads a partial set."""
+  d, root = config.data, generated_root(config)
+  try:
+    return pathfinder.read_generated(root, d.resolution, d.difficulty, d.examples, d.seed)
+  except OSError as error:
+    raise ConfigError(f"config.data.dir={d.dir!r}: cannot write the generated images to "
+                      f"{error.filename or root} ({error.strerror or error}); give a "
+                      "directory you can write to") from None
 
 
 class Data(NamedTuple):

@@ -3,6 +3,7 @@ written here in those formats. Expected tokens are computed here from the docume
 tfds' ByteTextEncoder (id = byte + 1, 0 pads; ids checked against tfds' own output) and
 tf.image.rgb_to_grayscale's float32 formula (grey levels checked against TensorFlow's own)."""
 
+import _codecs
 import os
 import pickle
 
@@ -247,3 +248,109 @@ def test_a_missing_or_malformed_file_is_one_line_naming_it(tmp_path, case):
   for part in expected:
     assert part in message
   assert not (tmp_path / "ran").exists()              # the pickle's code did not run
+
+
+class Declares:
+  """Pickles as a call of `function` on `args` (then, with a `state`, numpy's BUILD of it): an
+  array as a crafted batch declares it, through the globals numpy's own pickles name."""
+
+  def __init__(self, function, args, state=None):
+    self.function, self.args, self.state = function, args, state
+
+  def __reduce__(self):
+    return (self.function, self.args) + ((self.state,) if self.state is not None else ())
+
+
+RECONSTRUCT = np.ndarray.__reduce__(np.zeros(0))[0]      # numpy.(_)core.multiarray._reconstruct
+U1, F8 = np.dtype("u1"), np.dtype("f8")
+PICTURES = cifar10.BATCH_PICTURES
+
+# b"data" -> what the one-line InputError says: arrays declared larger than a batch's 10 000 x
+# 3072 uint8 (by shape, by dtype, by either path numpy's pickles build arrays on), or of
+# Python objects, and calls numpy's pickles do not make.
+DECLARED = {
+    "10^11 elements, reconstructed": (
+        Declares(RECONSTRUCT, (np.ndarray, (10**11,), b"b")),
+        "array of int8 [100000000000], 100,000,000,000 bytes, more than a batch holds"),
+    "10^11 elements, in its state": (
+        Declares(RECONSTRUCT, (np.ndarray, (0,), b"b"), (1, (10**11,), U1, False, b"abc")),
+        "array of uint8 [100000000000], 100,000,000,000 bytes"),
+    "10^11 elements, called": (Declares(np.ndarray, ((10**5, 10**6), U1)),
+                               "array of uint8 [100000, 1000000]"),
+    "a 333-bit dimension": (Declares(np.ndarray, ((10**100,), U1)), "[a 333-bit number]"),
+    "a batch's shape in float64": (Declares(np.ndarray, ((PICTURES, 3072), F8)),
+                                   "array of float64 [10000, 3072], 245,760,000 bytes"),
+    "one picture more than a batch": (Declares(np.ndarray, ((PICTURES + 1, 3072), U1)),
+                                      "[10001, 3072], 30,723,072 bytes"),
+    "a 2 GB element": (
+        Declares(RECONSTRUCT, (np.ndarray, (1,), np.dtype(("u1", (40_000, 50_000))))),
+        "2,000,000,000 bytes"),
+    "Python objects": (Declares(RECONSTRUCT, (np.ndarray, (0,), b"b"), (1, (2,), np.dtype("O"),
+                                                                      False, [1, 2])),
+                       "array of Python objects"),
+    "data shorter than its shape": (Declares(RECONSTRUCT, (np.ndarray, (0,), b"b"),
+                                             (1, (2, 3072), U1, False, b"abc")),
+                                    "array of uint8 [2, 3072] whose data is not as many bytes"),
+    "a negative dimension": (Declares(np.ndarray, ((-1, 3072), U1)), "whole numbers"),
+    "an encoding numpy does not use": (Declares(_codecs.encode, ("abc", "punycode")),
+                                       "_codecs.encode other than as numpy's arrays do"),
+}
+
+
+@pytest.mark.parametrize("case", DECLARED)
+def test_an_array_larger_than_a_batch_is_refused_before_it_is_allocated(tmp_path, case):
+  declared, message = DECLARED[case]
+  write(tmp_path / "test_batch", pickle.dumps({b"data": declared, b"labels": [0]}, protocol=2))
+  with pytest.raises(InputError) as raised:
+    cifar10.read_split(tmp_path, "test")
+  text = str(raised.value)
+  assert text.startswith(f"{tmp_path / 'test_batch'}: not a CIFAR-10 python batch (")
+  assert message in text and "MemoryError" not in text and "\n" not in text
+  assert "uint8 [n ≤ 10000, 3072]" in text                   # what was expected
+
+
+@pytest.mark.slow
+def test_a_full_batch_is_read_and_its_arrays_are_plain_numpy(tmp_path):
+  """10 000 pictures of bytes 255, which numpy's protocol-2 pickle writes as two bytes each:
+  61 MB, the largest a batch re-pickled by Python 3 takes."""
+  write_cifar_batch(tmp_path / "test_batch", np.full((PICTURES, 3072), 255, np.uint8),
+                    [9] * PICTURES)
+  read = cifar10.read_split(tmp_path, "test")
+  assert read["tokens"].shape == (PICTURES, 1024) and (read["tokens"] == 255).all()
+  assert type(read["tokens"]) is np.ndarray and type(read["labels"]) is np.ndarray
+
+
+def nested_labels() -> list:
+  """10^12 ints once numpy makes an array of them, a few KB pickled (each level one list
+  referenced ten times)."""
+  labels = [0] * 10
+  for _ in range(11):
+    labels = [labels] * 10
+  return labels
+
+
+@pytest.mark.parametrize("labels", [nested_labels(), [0, 1, 2], [True], [0.0], ["0"]],
+                         ids=["10^12 nested", "more than pictures", "a bool", "a float", "a str"])
+def test_labels_are_checked_as_a_list_before_numpy_builds_them(tmp_path, labels):
+  write_cifar_batch(tmp_path / "test_batch", np.zeros((1, 3072), np.uint8), labels)
+  with pytest.raises(InputError, match='test_batch: b"labels" is not 1 ints 0–9'):
+    cifar10.read_split(tmp_path, "test")
+
+
+def test_a_file_larger_than_a_batch_is_refused_unread(tmp_path, monkeypatch):
+  write_cifar_batch(tmp_path / "test_batch", np.zeros((1, 3072), np.uint8), [0])
+  monkeypatch.setattr(cifar10, "MAX_FILE_BYTES", 1000)            # the file takes 3.3 KB
+  with pytest.raises(InputError, match="test_batch: more than 1,000 bytes, more than a CIFAR-10 "
+                     "batch takes"):
+    cifar10.read_split(tmp_path, "test")
+
+
+def test_running_out_of_memory_unpickling_is_one_line_naming_the_batch(tmp_path, monkeypatch):
+  write_cifar_batch(tmp_path / "test_batch", np.zeros((1, 3072), np.uint8), [0])
+
+  def out_of_memory(self):
+    raise MemoryError
+
+  monkeypatch.setattr(cifar10._ArrayUnpickler, "load", out_of_memory)
+  with pytest.raises(InputError, match="test_batch: not a CIFAR-10 python batch [(]MemoryError"):
+    cifar10.read_split(tmp_path, "test")

@@ -2,12 +2,16 @@
 markers join, how many), and LRA's release format written here by hand from its documented
 layout (not by research.data.pathfinder's writer) and read back."""
 
+import io
 import json
 import os
+import struct
+import warnings
+import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFile
 from scipy import ndimage
 
 from research.data import pathfinder
@@ -162,6 +166,77 @@ def test_a_missing_folder_or_bad_choice_says_what_was_expected(tmp_path):
     pathfinder.generate(0, 2, resolution=48)
   with pytest.raises(ConfigError, match="curv_contour_length_9"):
     pathfinder.generate(0, 2, difficulty="medium")
+
+
+def png(width: int, height: int, idat: bytes = b"\0", text: bytes = b"") -> bytes:
+  """An 8-bit grey PNG whose header declares width x height; its IDAT holds zlib(`idat`)
+  (not that many pixels: decoded, it is cut short) and a tEXt chunk `text`, if given."""
+  def chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+  header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)     # 8-bit grey
+  return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+          + (chunk(b"tEXt", b"Comment\0" + text) if text else b"")
+          + chunk(b"IDAT", zlib.compress(idat)) + chunk(b"IEND", b""))
+
+
+def grey_png(width: int, height: int) -> bytes:
+  image = io.BytesIO()
+  Image.fromarray(np.zeros((height, width), np.uint8)).save(image, format="PNG")
+  return image.getvalue()
+
+
+# image bytes -> what the one-line InputError says after the file's name
+OVERSIZED = {
+    "20000x20000 declared (PIL's bomb error)": (lambda: png(20_000, 20_000),
+                                                 "declares an image too large to decode"),
+    "10000x10000 declared (PIL's bomb warning)": (lambda: png(10_000, 10_000),
+                                                   "declares an image too large to decode"),
+    "5000x5000 declared, not decoded": (lambda: png(5_000, 5_000), "got 5000x5000"),
+    "32x33 declared, not decoded": (lambda: png(32, 33), "got 32x33"),
+    "a real 64x64 image": (lambda: grey_png(64, 64), "got 64x64"),
+    "1x1": (lambda: grey_png(1, 1), "got 1x1"),
+    "32x32 declared, pixels cut short": (lambda: png(32, 32), "not a readable image"),
+    "32x32 in a file of 2 MB": (lambda: png(32, 32, bytes(32 * 33), text=b"x" * (2 << 20)),
+                                "more than 1052672 bytes"),
+}
+
+
+@pytest.mark.parametrize("case", OVERSIZED)
+def test_an_image_is_refused_by_its_declared_size_before_it_is_decoded(tmp_path, case):
+  """The rule: a file of more than max_image_bytes(R), or an image whose header declares other
+  than R x R, is one InputError naming it; nothing larger is decoded, no warning escapes."""
+  content, message = OVERSIZED[case]
+  folder = write_lra_folder(tmp_path, np.zeros((5, 32, 32), np.uint8), [1, 0, 1, 0, 1])
+  image = os.path.join(folder, "imgs", "0", "sample_2.png")
+  with open(image, "wb") as f:
+    f.write(content())
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    with pytest.raises(InputError) as error:
+      pathfinder.read_release(tmp_path, 32, "hard")
+  text = str(error.value)
+  assert text.startswith(f"{image}: ") and message in text and "\n" not in text
+  assert "32x32 grey image" in text and f"listed at {folder}" in text
+
+
+def test_the_size_expected_is_the_resolution_asked(tmp_path):
+  folder = write_lra_folder(tmp_path, np.zeros((5, 32, 32), np.uint8), [1, 0, 1, 0, 1])
+  os.rename(os.path.join(tmp_path, "pathfinder32"), os.path.join(tmp_path, "pathfinder64"))
+  image = os.path.join(folder.replace("pathfinder32", "pathfinder64"), "imgs", "0", "sample_0.png")
+  with pytest.raises(InputError, match=f"^{image}: expected a 64x64 grey image, got 32x32"):
+    pathfinder.read_release(tmp_path, 64, "hard")
+
+
+def test_running_out_of_memory_decoding_is_one_line_naming_the_image(tmp_path, monkeypatch):
+  folder = write_lra_folder(tmp_path, np.zeros((5, 32, 32), np.uint8), [1, 0, 1, 0, 1])
+
+  def out_of_memory(self):
+    raise MemoryError
+
+  monkeypatch.setattr(ImageFile.ImageFile, "load", out_of_memory)
+  with pytest.raises(InputError, match="^" + os.path.join(folder, "imgs", "0", "sample_0.png")
+                     + ": not a readable image [(]MemoryError"):
+    pathfinder.read_release(tmp_path, 32, "hard")
 
 
 def test_ensure_generated_writes_once_and_redoes_an_interrupted_write(tmp_path):

@@ -3,6 +3,8 @@ read back (ours or LRA's file names), length buckets, and a tiny run end to end.
 
 import os
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -130,6 +132,34 @@ def test_the_data_is_written_once_in_lras_layout_and_read_back(tmp_path):
   np.testing.assert_array_equal(test["tokens"][0, :len(words)],
                                 [vocabulary.index(w) + 1 for w in words])
   assert not test["tokens"][0, len(words):].any()
+
+
+def test_two_runs_generating_one_split_set_write_it_once_and_read_it_whole(tmp_path, monkeypatch,
+                                                                          capsys):
+  config = tiny_config(tmp_path)
+  directory = listops.generated_directory(config)
+  write, writes = listops_data.write_splits, []
+
+  def slow_write(*args):           # long enough for the second run to find the files missing
+    writes.append(args)
+    time.sleep(0.5)
+    return write(*args)
+
+  monkeypatch.setattr(listops_data, "write_splits", slow_write)
+  found = []
+  runs = [threading.Thread(target=lambda: found.append(listops.split_files(config)))
+          for _ in range(2)]
+  for run in runs:
+    run.start()
+  for run in runs:
+    run.join(60)
+  assert len(writes) == 1 and len(found) == 2 and found[0] == found[1]
+  assert sorted(os.listdir(directory)) == ["test.tsv", "train.tsv", "val.tsv"]
+  assert capsys.readouterr().err == (f"waiting for another process generating {directory} "
+                                     f"(lock {directory}.lock)\n")
+  data = listops.load_data(config)
+  assert {s: len(a["labels"]) for s, a in data.splits.items()} == {
+      "train": 256, "val": 32, "test": 48}
 
 
 def test_lras_own_file_names_are_read_and_a_foreign_token_is_named(tmp_path):

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from research import experiments
+from research import experiments, files
 from research.data import pathfinder
-from research.errors import ConfigError
+from research.errors import ConfigError, InputError
 from research.experiments import lra
 from research.training.loop import train_and_evaluate
 from research.training.validation import apply_overrides
@@ -137,6 +137,25 @@ def test_pathfinder_is_generated_once_in_lras_layout_and_read_back(tmp_path):
   np.testing.assert_array_equal(data.splits["test"]["labels"], labels[36:])
   folder = os.path.join(lra.generated_root(cfg), "pathfinder32", "curv_baseline")
   assert sorted(os.listdir(folder)) == ["generated.json", "imgs", "metadata"]
+
+
+def test_generated_pathfinder_is_read_under_its_lock_and_whole(tmp_path, capsys):
+  cfg = config("task=pathfinder,preset=cpu", **{"data.dir": str(tmp_path / "data"),
+                                                "data.examples": 20})
+  root = lra.generated_root(cfg)
+  folder, lock = (pathfinder.release_folder(root, 32, "easy"),
+                  pathfinder.generation_lock(root, 32, "easy"))
+  lra.load_data(cfg)
+  assert sorted(os.listdir(os.path.dirname(folder))) == ["curv_baseline", "curv_baseline.lock"]
+  with files.locked(lock, "a test reading", shared=True):      # readers share it
+    assert len(lra.load_data(cfg).splits["train"]["labels"]) == 16
+  assert capsys.readouterr().err == ""
+  open(os.path.join(folder, "imgs", "0", "sample_3.png"), "wb").close()    # emptied since
+  with pytest.raises(InputError) as error:
+    lra.load_data(cfg)
+  assert str(error.value) == (f"{folder}: 19 readable images, its generated.json records 20 "
+                              f"(generated images, changed since: delete {folder} to generate "
+                              "them again)")
 
 
 @pytest.mark.slow
