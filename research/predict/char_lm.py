@@ -14,7 +14,9 @@ Sampling is language_model.sample, jit-compiled once per run, prompt length and 
 each byte drawn from softmax(logits / temperature) over the top_k most likely bytes
 (top_k = 0: all 256; temperature = 0: the most likely byte), from jax.random.key(seed); the
 blocks (kinds transformer, lru, s5) read the last config.data.context bytes before each
-draw, as they were trained.
+draw, as they were trained, so of a longer prompt they are handed its last context bytes
+alone (the same samples; one compiled function for every longer prompt). A recurrent model
+reads the whole prompt in its first step.
 
 Scoring is the experiment's test/bits_per_byte on one file: −Σ log2 p(byte | FILE_START and
 the bytes before it) / bytes. A recurrent model reads the text in chunks of
@@ -22,11 +24,23 @@ config.data.test_chunk bytes carrying its state; the blocks read windows of
 config.data.context bytes advancing by config.data.test_stride (0: half the context), each
 byte scored in the last window that holds it (the first window scores all of its bytes), so
 every byte sees at least context − stride bytes before it, or all of them near the start.
+The windows are cut from the text batch by batch (at most config.train.batch_size a call,
+research/predict/runs.py), so a text of 10^7 bytes is scored in memory that grows with the
+text alone.
+
+What one call of the sampler holds is bounded, and refused beyond its bound (the range in
+the message): num_samples × length ≤ SAMPLED_BYTES = 2^24 drawn bytes (their ids, the
+random keys and the blocks' buffer of prompt and drawn bytes grow with it), and the logits
+of a step, num_samples × W × 256 float32 (W: the context for the blocks, the prompt's
+bytes + 1 for a recurrent model's first step), within research.predict.runs.CALL_BYTES
+(256 MiB). Seeds are 0 … 2^32 − 1: jax.random.key keeps 32 bits of a seed (without x64),
+so 2^32 would draw what 0 draws.
 
 Refused, before anything compiles (research.errors.InputError, one line naming the
 argument): a prompt or text that is not a str or bytes, or a str that UTF-8 cannot encode
-(a lone surrogate); an empty text; length or num_samples < 1; temperature < 0 or not finite;
-top_k outside 0 … 256; a seed that is not an int.
+(a lone surrogate); an empty text; a prompt too long for a recurrent model to read at once;
+num_samples or length not an int within the bounds above (a bool is not an int);
+temperature < 0 or not finite; top_k outside 0 … 256; a seed not an int in 0 … 2^32 − 1.
 """
 
 import functools
@@ -42,10 +56,14 @@ from research.errors import InputError, excerpt
 from research.experiments.char_lm import window_losses
 from research.models import language_model
 from research.models.kinds import BLOCK_KINDS
-from research.predict.runs import check_experiment, is_int
+from research.predict import runs
+from research.predict.runs import check_experiment, check_int, in_batches, rows_per_call
 from research.predict.static import ByIdentity
 
 Array = jax.Array
+SAMPLED_BYTES = 1 << 24  # num_samples × length: the bytes one call of sample draws at most
+SEEDS = 1 << 32          # seeds 0 … 2**32 − 1: jax.random.key keeps 32 bits (x64 off)
+LOGIT_BYTES = 256 * 4    # one position's logits: 256 float32
 
 
 def sample(run, prompt: str | bytes, *, length: int, temperature: float = 1.0, top_k: int = 0,
@@ -53,24 +71,46 @@ def sample(run, prompt: str | bytes, *, length: int, temperature: float = 1.0, t
   """num_samples continuations of `prompt` (see the module docstring), each `length` bytes
   (the prompt not included). InputError for what the module docstring refuses."""
   check_experiment(run, "char_lm", "sample")
-  data = _bytes(prompt, "prompt")
-  for name, value in (("length", length), ("num_samples", num_samples)):
-    if not is_int(value) or value < 1:
-      raise InputError(f"{name}={value!r} must be an int >= 1")
+  tokens = _tokens(_bytes(prompt, "prompt"))
+  context = run.config.data.context
+  if run.model.kind in BLOCK_KINDS:
+    tokens = tokens[-context:]            # the blocks read no byte before the last context
+  num_samples, length = _sample_sizes(run.model.kind, len(tokens), context, num_samples,
+                                      length)
   if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
       or not math.isfinite(temperature) or temperature < 0):
     raise InputError(f"temperature={temperature!r} must be a number >= 0 (0: the most likely "
                      "byte)")
-  if not is_int(top_k) or not 0 <= top_k <= language_model.VOCAB_SIZE:
-    raise InputError(f"top_k={top_k!r} must be an int in 0 … {language_model.VOCAB_SIZE} "
-                     "(0: every byte)")
-  if not is_int(seed):
-    raise InputError(f"seed={seed!r} must be an int")
-  prompts = np.tile(_tokens(data), (int(num_samples), 1))
-  drawn = _sample(ByIdentity(run.model), run.params, prompts, jax.random.key(int(seed)),
-                  length=int(length), temperature=float(temperature), top_k=int(top_k),
-                  context=run.config.data.context)
+  top_k = check_int(top_k, "top_k", 0, language_model.VOCAB_SIZE, "0: every byte")
+  seed = check_int(seed, "seed", 0, SEEDS - 1, "jax.random.key keeps 32 bits of a seed: "
+                   f"{SEEDS} would repeat 0")
+  drawn = _sample(ByIdentity(run.model), run.params, np.tile(tokens, (num_samples, 1)),
+                  jax.random.key(seed), length=length, temperature=float(temperature),
+                  top_k=top_k, context=context)
   return [bytes(row) for row in np.asarray(drawn, np.uint8)]
+
+
+def _sample_sizes(kind: str, prompt_tokens: int, context: int, num_samples, length
+                  ) -> tuple[int, int]:
+  """(num_samples, length) as ints within what one call of the sampler holds: the logits
+  of a step (num_samples × W positions × 256 float32, W = the context for the blocks, the
+  prompt's tokens for a recurrent model's first step) within runs.CALL_BYTES, and
+  num_samples × length drawn bytes within SAMPLED_BYTES. InputError naming the prompt,
+  num_samples or length, with its range, otherwise."""
+  width = context if kind in BLOCK_KINDS else prompt_tokens
+  most = runs.CALL_BYTES // (width * LOGIT_BYTES)
+  if kind not in BLOCK_KINDS and most < 1:
+    raise InputError(f"prompt of {prompt_tokens - 1} bytes is longer than a {kind} model reads "
+                     f"at once: at most {runs.CALL_BYTES // LOGIT_BYTES - 1} bytes (its logits, "
+                     "(bytes + 1) × 256 float32, within research.predict.runs.CALL_BYTES = "
+                     f"{runs.CALL_BYTES:,})")
+  num_samples = check_int(num_samples, "num_samples", 1, max(most, 1),
+                          f"a step's logits, num_samples × {width} positions × 256 float32, "
+                          f"within research.predict.runs.CALL_BYTES = {runs.CALL_BYTES:,}")
+  length = check_int(length, "length", 1, SAMPLED_BYTES // num_samples,
+                     f"num_samples × length ≤ SAMPLED_BYTES = {SAMPLED_BYTES:,} bytes drawn at "
+                     f"once, num_samples={num_samples}")
+  return num_samples, length
 
 
 def byte_bits(run, text: str | bytes) -> np.ndarray:
@@ -139,19 +179,17 @@ def _chunk_nats(model: ByIdentity, params, carry, inputs: Array, targets: Array)
 def _windows_nats(model: ByIdentity, params, tokens: np.ndarray, context: int, stride: int,
                   batch_size: int) -> np.ndarray:
   """−ln p of each next token of tokens [N + 1]: [N], from windows of `context` inputs
-  starting every `stride` tokens, batch_size windows per call. Position p is scored by
-  window 0 when p < context, else by window k = ⌈(p − context + 1) / stride⌉, the last that
-  holds it."""
+  starting every `stride` tokens, runs.rows_per_call windows per call (at most batch_size),
+  each cut from the tokens as its batch is called. Position p is scored by window 0 when
+  p < context, else by window k = ⌈(p − context + 1) / stride⌉, the last that holds it."""
   count = len(tokens) - 1
   windows = 1 + -(-max(count - context, 0) // stride)
   starts = np.arange(windows) * stride
   tokens = np.pad(tokens, (0, starts[-1] + context + 1 - len(tokens)))
-  rows = -(-windows // batch_size) * batch_size
-  batches = np.pad(tokens[starts[:, None] + np.arange(context + 1)],
-                   ((0, rows - windows), (0, 0)))                          # [rows, context + 1]
-  nats = np.concatenate(jax.device_get(
-      [_window_nats(model, params, batches[i:i + batch_size])
-       for i in range(0, rows, batch_size)]))                               # [rows, context]
+  offsets = np.arange(context + 1)
+  nats = in_batches(lambda first: _window_nats(model, params, tokens[first[:, None] + offsets]),
+                    (starts,), rows_per_call(context * LOGIT_BYTES, batch_size),
+                    whole=True)                                            # [windows, context]
   positions = np.arange(count)
   window = np.where(positions < context, 0, -(-(positions - context + 1) // stride))
   return nats[window, positions - starts[window]]

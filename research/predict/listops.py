@@ -8,13 +8,21 @@
 An expression is read as the run's data pipeline reads a TSV source
 (research/experiments/listops.py: `listops.tokenize` with config.data.brackets, the ids of
 `token_ids`): LRA's text with its parentheses ("( ( ( [MAX 2 ) 9 ) ] )") or the bracketed
-tree alone ("[MAX 2 9 ]"); LRA's tokens (brackets=False) also read "MAX 2 9". A batch is
-padded to its longest expression rounded up to a multiple of 64 (at most
-config.data.max_length), as the experiment's length buckets are: one compiled function per
-batch size and padded length P.
+tree alone ("[MAX 2 9 ]"); LRA's tokens (brackets=False) also read "MAX 2 9". The
+expressions are padded to the longest of them rounded up to a multiple of 64 (at most
+config.data.max_length), as the experiment's length buckets are, and go through the model
+at most config.train.batch_size at a time (fewer where their outputs would pass
+research.predict.runs.CALL_BYTES a call), the last batch padded with copies of its last
+expression: one compiled function per padded length P and batch size, memory on the device
+that does not grow with their number, the answers gathered on the host.
+
+The attention weights (attention=True, the default) grow with B · H · S² a layer: beyond
+research.predict.runs.RESULT_BYTES (2 GiB) in all they are refused up front, naming
+attention=True; attention=False classifies any number of expressions.
 
 Refused, before anything compiles (research.errors.InputError, one line naming the
-expression by its index): no expressions, or a string given instead of a list of them; an
+expression by its index): no expressions, a string given instead of a list of them, or
+what is not iterable (any iterable is read once, into a list); attention not a bool; an
 expression without a token; a character outside ListOps' text (letters, digits, spaces,
 "(", ")", "[", "]": LRA's tokenizer would drop it unread); a token outside the run's
 vocabulary (named, with its position); more tokens than config.data.max_length.
@@ -31,7 +39,15 @@ import numpy as np
 from research.data import listops
 from research.errors import InputError, excerpt
 from research.experiments.classification import BUCKET_MULTIPLE
-from research.predict.runs import check_experiment
+from research.predict.runs import (
+  check_bool,
+  check_experiment,
+  check_result,
+  in_batches,
+  listed,
+  nbytes,
+  rows_per_call,
+)
 from research.predict.static import ByIdentity
 from research.predict.weights import apply_with_weights
 
@@ -66,10 +82,7 @@ def encode_expressions(run, expressions: Sequence[str]) -> Encoded:
   """The token ids of `expressions` (see the module docstring), padded to P, for the run's
   model; InputError for what the module docstring refuses."""
   check_experiment(run, "listops", "encode_expressions")
-  if isinstance(expressions, str):
-    raise InputError("expressions must be a list of ListOps expressions, got one string: "
-                     "give [expression]")
-  expressions = list(expressions)
+  expressions = listed(expressions, "expressions", "ListOps expressions", "expression")
   if not expressions:
     raise InputError("no expressions to classify: give a list of ListOps expressions")
   ids, brackets = run.extras["token_ids"], run.config.data.brackets
@@ -106,12 +119,19 @@ def classify(run, expressions: Sequence[str], *, attention: bool = True) -> Clas
   """The run's model on `expressions` (ListOps text, see the module docstring): the
   predicted values, their probabilities and, with `attention`, each layer's attention
   weights (a second pass with implementation "dense" where the model's own implementation
-  does not compute them; memory B · H · S² per layer). InputError for what the module
-  docstring refuses."""
+  does not compute them; memory B · H · S² per layer, refused beyond
+  research.predict.runs.RESULT_BYTES). InputError for what the module docstring refuses."""
   check_experiment(run, "listops", "classify")
+  attention = check_bool(attention, "attention")
   encoded = encode_expressions(run, expressions)
-  labels, probabilities, weights = jax.device_get(_classify(
-      ByIdentity(run.model), run.params, encoded.ids, encoded.lengths, attention=attention))
+  model, arrays = ByIdentity(run.model), (encoded.ids, encoded.lengths)
+  call = lambda ids, lengths: _classify(model, run.params, ids, lengths, attention=attention)
+  one = jax.eval_shape(call, *(array[:1] for array in arrays))
+  check_result(len(encoded.ids), nbytes(one[2]), "attention=True",
+               f"the attention weights of {len(one[2] or ())} layers (padded length "
+               f"{encoded.ids.shape[1]})", "pass attention=False, or fewer expressions at once")
+  labels, probabilities, weights = in_batches(
+      call, arrays, rows_per_call(nbytes(one), run.config.train.batch_size))
   return Classifications(labels, probabilities, encoded.tokens,
                          None if weights is None else list(weights), encoded.lengths)
 

@@ -13,8 +13,15 @@ V/2 … V − 1), and positions, ints [B, K] in 0 … L − 1: where to read the
 the queries' positions for the task's answers). Refused before anything compiles
 (research.errors.InputError, one line naming what was given and what the run takes):
 another rank or length, an empty batch, a float, a token or a position out of range (its
-place named). The sequences go through BATCH at a time: one compiled function per
-(rows, K), and memory that does not grow with B.
+place named), more positions a sequence than it has (K > L), attention not a bool.
+
+The sequences go through the model at most config.train.batch_size at a time (fewer where
+their outputs would pass research.predict.runs.CALL_BYTES a call), the last batch padded
+with copies of its last sequence: one compiled function per (rows, K), memory on the device
+that does not grow with B, the answers gathered on the host. The attention weights
+(attention=True, the default), B · H · L² floats a layer, are refused up front beyond
+research.predict.runs.RESULT_BYTES (2 GiB) in all, naming attention=True; attention=False
+answers any number of sequences.
 """
 
 import functools
@@ -25,12 +32,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from research.errors import InputError
-from research.predict.runs import check_experiment
+from research.predict.runs import (
+  as_array,
+  check_bool,
+  check_experiment,
+  check_result,
+  in_batches,
+  nbytes,
+  rows_per_call,
+)
 from research.predict.static import ByIdentity
 from research.predict.weights import apply_with_weights
 
 Array = jax.Array
-BATCH = 256     # sequences per call of the compiled function
 
 
 class Recalls(NamedTuple):
@@ -48,27 +62,32 @@ def recall(run, inputs, positions, *, attention: bool = True) -> Recalls:
   `attention`, each layer's attention weights (a second pass with implementation "dense"
   where the model's own does not give them)."""
   check_experiment(run, "mqar", "recall")
+  attention = check_bool(attention, "attention")
   d = run.config.data
   inputs = _ints(inputs, "inputs", 2, d.vocab_size, "a token")
   positions = _ints(positions, "positions", 2, d.length, "a position")
   if inputs.shape[1] != d.length:
     raise InputError(f"inputs has {inputs.shape[1]} tokens a sequence; the run takes "
                      f"config.data.length={d.length}")
-  if positions.shape[0] != inputs.shape[0] or not positions.shape[1]:
-    raise InputError(f"positions must be [{inputs.shape[0]}, K ≥ 1] for inputs of "
-                     f"{inputs.shape[0]} sequences, got shape {positions.shape}")
-  parts = [jax.device_get(_recall(ByIdentity(run.model), run.params, inputs[start:start + BATCH],
-                                  positions[start:start + BATCH], attention=attention))
-           for start in range(0, len(inputs), BATCH)]
-  tokens, probabilities = (np.concatenate([part[i] for part in parts]) for i in range(2))
-  weights = None if parts[0][2] is None else [
-      np.concatenate([part[2][layer] for part in parts]) for layer in range(len(parts[0][2]))]
-  return Recalls(tokens, probabilities, weights)
+  if positions.shape[0] != inputs.shape[0] or not 1 <= positions.shape[1] <= d.length:
+    raise InputError(f"positions must be [{inputs.shape[0]}, K] with 1 ≤ K ≤ {d.length} (a "
+                     f"sequence's positions) for inputs of {inputs.shape[0]} sequences, got "
+                     f"shape {positions.shape}")
+  model = ByIdentity(run.model)
+  call = lambda inputs, positions: _recall(model, run.params, inputs, positions,
+                                           attention=attention)
+  one = jax.eval_shape(call, inputs[:1], positions[:1])
+  check_result(len(inputs), nbytes(one[2]), "attention=True",
+               f"the attention weights of {len(one[2] or ())} layers (length {d.length})",
+               "pass attention=False, or fewer sequences at once")
+  tokens, probabilities, weights = in_batches(
+      call, (inputs, positions), rows_per_call(nbytes(one), run.config.train.batch_size))
+  return Recalls(tokens, probabilities, None if weights is None else list(weights))
 
 
 def _ints(array, name: str, rank: int, bound: int, what: str) -> np.ndarray:
   """`array` as int32 [B ≥ 1, …] of rank `rank` with values in 0 … bound − 1; InputError."""
-  array = np.asarray(array)
+  array = as_array(array, name, f"it must be ints of shape [B ≥ 1, …] (rank {rank})")
   if array.ndim != rank or not array.size or not np.issubdtype(array.dtype, np.integer):
     raise InputError(f"{name} must be ints of shape [B ≥ 1, …] (rank {rank}), got "
                      f"{array.dtype} of shape {array.shape}")

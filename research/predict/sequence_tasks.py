@@ -18,7 +18,10 @@ gru) take any L ≥ 1, the blocks the length they were trained with:
 with n = config.data.num_symbols. Refused before anything compiles (research.errors.
 InputError naming what was given and what the run takes): another dtype, rank, L or
 channel count, an empty batch, a token out of range (its position named), a non-finite
-value. One compiled function per input shape.
+value. The inputs go through the model at most config.train.batch_size at a time (fewer
+where their outputs would pass research.predict.runs.CALL_BYTES a call), the last batch
+padded with copies of its last input: one compiled function per batch shape, memory on the
+device that does not grow with B, the answers gathered on the host.
 """
 
 import functools
@@ -30,7 +33,13 @@ import numpy as np
 from research.errors import InputError
 from research.experiments.sequence_tasks import sequence_length
 from research.models.kinds import RECURRENT
-from research.predict.runs import check_experiment
+from research.predict.runs import (
+  as_array,
+  check_experiment,
+  in_batches,
+  row_bytes,
+  rows_per_call,
+)
 from research.predict.static import ByIdentity
 
 Array = jax.Array
@@ -68,10 +77,7 @@ def check_inputs(config, inputs) -> np.ndarray:
   """`inputs` as the model takes them (int32 tokens or float32 features); InputError for what
   the module docstring refuses."""
   takes = expected_inputs(config)
-  try:
-    inputs = np.asarray(inputs)
-  except ValueError as error:          # ragged nested lists
-    raise InputError(f"inputs are not an array ({error}): {takes}") from None
+  inputs = as_array(inputs, "inputs", takes)
   adding = config.data.task == "adding"
   if not np.issubdtype(inputs.dtype, np.floating if adding else np.integer):
     raise InputError(f"inputs of dtype {inputs.dtype}: {takes}")
@@ -95,9 +101,10 @@ def predict_sequences(run, inputs) -> SequencePredictions:
   the classes and their probabilities, or the adding problem's sums."""
   check_experiment(run, "sequence_tasks", "predict_sequences")
   inputs = check_inputs(run.config, inputs)
-  predictions, probabilities, outputs = jax.device_get(_predict(
-      ByIdentity(run.model), run.params, inputs, adding=run.config.data.task == "adding"))
-  return SequencePredictions(predictions, probabilities, outputs)
+  model, adding = ByIdentity(run.model), run.config.data.task == "adding"
+  call = lambda inputs: _predict(model, run.params, inputs, adding=adding)
+  rows = rows_per_call(row_bytes(call, (inputs,)), run.config.train.batch_size)
+  return SequencePredictions(*in_batches(call, (inputs,), rows))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "adding"))

@@ -1,7 +1,9 @@
 """research.predict.char_lm on a tiny char_lm run (a GRU, 2 steps, a library written here):
 restored samples and scores equal the loop's own, bits per byte −log2 softmax of one pass
 over the text, temperature 0 the argmax of one pass, top_k = 1 temperature 0; a transformer's
-windows score as the experiment's evaluation does; the refusals."""
+windows score as the experiment's evaluation does; the refusals (sizes and seeds beyond
+what one call holds, with their range); a long text scored in windows of one shape as in one
+call; a long prompt sampled by the blocks from its last context bytes as from all."""
 
 import dataclasses
 import math
@@ -12,6 +14,9 @@ import pytest
 
 from research.errors import InputError
 from research.experiments import char_lm as experiment
+from research.models import language_model
+from research.predict import char_lm as predictor
+from research.predict import runs as rules
 from research.predict.char_lm import bits_per_byte, byte_bits, sample
 
 from . import trained
@@ -117,23 +122,50 @@ def untrained():
   return trained.untrained(trained.config("char_lm", "model=gru", TINY))
 
 
+GRU_SAMPLES = rules.CALL_BYTES // (5 * 1024)   # "def " and FILE_START: 5 positions' logits
+RANGE = {"length": "length={!r} must be an int in 1 … 16777216 (num_samples × length ≤ "
+                   "SAMPLED_BYTES = 16,777,216 bytes drawn at once, num_samples=1)",
+         "num_samples": f"num_samples={{!r}} must be an int in 1 … {GRU_SAMPLES} (a step's "
+                        "logits, num_samples × 5 positions × 256 float32, within "
+                        "research.predict.runs.CALL_BYTES = 268,435,456)",
+         "seed": "seed={!r} must be an int in 0 … 4294967295 (jax.random.key keeps 32 bits of "
+                 "a seed: 4294967296 would repeat 0)"}
+
+
 @pytest.mark.parametrize("options, message", [
     ({"prompt": 7}, "prompt must be a str or bytes, got a int"),
     ({"prompt": "a\ud800b"}, r"prompt 'a\ud800b' cannot be encoded as UTF-8 (surrogates not "
                              r"allowed: '\ud800' at character 1)"),
-    ({"length": 0}, "length=0 must be an int >= 1"),
-    ({"length": 2.5}, "length=2.5 must be an int >= 1"),
-    ({"num_samples": 0}, "num_samples=0 must be an int >= 1"),
+    *[({name: value}, RANGE[name].format(value)) for name, values in (
+        ("length", (0, -1, 2.5, True, "8", 2**24 + 1, 10**9, 2**31, 2**40, 2**64)),
+        ("num_samples", (0, -1, 1.0, True, GRU_SAMPLES + 1, 10**9, 2**40)),
+        ("seed", (-1, 2**32, 2**63, 2**64, 1.5, "0", True, None))) for value in values],
+    ({"num_samples": 2, "length": 2**23 + 1},
+     "length=8388609 must be an int in 1 … 8388608 (num_samples × length ≤ SAMPLED_BYTES = "
+     "16,777,216 bytes drawn at once, num_samples=2)"),
+    ({"prompt": b"x" * 2**18}, "prompt of 262144 bytes is longer than a gru model reads "
+                                     "at once: at most 262143 bytes"),
     ({"temperature": -0.5}, "temperature=-0.5 must be a number >= 0 (0: the most likely byte)"),
     ({"temperature": float("nan")}, "temperature=nan must be a number >= 0"),
     ({"top_k": 257}, "top_k=257 must be an int in 0 … 256 (0: every byte)"),
     ({"top_k": -1}, "top_k=-1 must be an int in 0 … 256"),
-    ({"seed": "0"}, "seed='0' must be an int"),
 ])
 def test_sampling_settings_the_model_cannot_take_are_refused(untrained, options, message):
+  """Sizes whose output or state would not fit, and seeds jax.random.key would overflow on
+  or wrap (2**32 is key(0)), are refused with the range: no OverflowError or MemoryError."""
   with pytest.raises(InputError) as raised:
     sample(untrained, **{"prompt": "def ", "length": 8, **options})
   assert str(raised.value).startswith(message), raised.value
+
+
+def test_the_bounds_of_sampling_are_what_one_call_holds(untrained):
+  """A prompt one byte shorter than the refused one is taken by the GRU for one sample, not
+  for two; the largest num_samples × length passes the checks (refused at temperature only)."""
+  with pytest.raises(InputError, match="^num_samples=2 must be an int in 1 … 1 "):
+    sample(untrained, b"x" * (2**18 - 1), length=1, num_samples=2)
+  for num_samples, length in ((1, 2**24), (GRU_SAMPLES, 2**24 // GRU_SAMPLES)):
+    with pytest.raises(InputError, match="^temperature="):
+      sample(untrained, "def ", length=length, num_samples=num_samples, temperature=-1)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -157,3 +189,49 @@ def test_a_run_of_another_experiment_is_refused(untrained):
     with pytest.raises(InputError, match=f"^{function} answers char_lm runs; the run in "
                                          r"\(untrained\) is a nmt_dates run$"):
       call()
+
+
+# ---- Bounded memory: windows in batches, a long prompt cut to the blocks' context ----------
+
+@pytest.fixture(scope="session")
+def transformer():
+  """A char_lm transformer of context 16, stride 4, train.batch_size 4, initial parameters."""
+  config = trained.config("char_lm", "model=transformer", {
+      **TINY, "data.test_stride": 4, "model.hidden_size": 8, "model.num_layers": 1,
+      "model.num_heads": 2, "model.mlp_size": 16})
+  return trained.untrained(config, initialised=True)
+
+
+
+
+@pytest.mark.slow
+def test_a_long_text_is_scored_in_windows_of_one_shape_as_in_one_call(transformer, monkeypatch):
+  """2 000 bytes: 497 windows of 16 bytes (+ 1 target), cut from the text 4 at a time
+  (config.train.batch_size), every call [4, 17]; the same bits as one call of 512 windows."""
+  text = bytes(np.random.default_rng(0).integers(32, 127, 2000, dtype=np.uint8))
+  reference = byte_bits(trained.with_batch_size(transformer, 512), text)
+  shapes, window_nats = [], predictor._window_nats
+  monkeypatch.setattr(predictor, "_window_nats", lambda model, params, windows: (
+      shapes.append(windows.shape), window_nats(model, params, windows))[1])
+  bits = byte_bits(transformer, text)
+  assert bits.shape == (2000,) and np.all(np.isfinite(bits)) and np.all(bits > 0)
+  assert len(shapes) == -(-497 // 4) and set(shapes) == {(4, 17)}
+  np.testing.assert_allclose(bits, reference, rtol=1e-6)
+  monkeypatch.setattr(rules, "MAX_ROWS", 1)               # a bound below the batch size
+  shapes.clear()
+  np.testing.assert_allclose(byte_bits(transformer, text), reference, rtol=1e-6)
+  assert len(shapes) == 497 and set(shapes) == {(1, 17)}
+
+
+@pytest.mark.slow
+def test_the_blocks_sample_a_long_prompt_from_its_last_context_bytes_as_from_all(transformer):
+  """language_model.sample over the whole 60-byte prompt draws what sample draws from its
+  last 16 bytes (the context), the one compiled shape of every longer prompt."""
+  prompt = b"def f(x):\n  return x * 2\n\n\nprint(f(3), f(4), f(5), f(6))\n"
+  tokens = np.tile(np.frombuffer(b"\0" + prompt, np.uint8).astype(np.int32), (3, 1))
+  full = jax.jit(lambda params, tokens, key: language_model.sample(
+      transformer.model, params, tokens, key, length=12, temperature=1.0, top_k=0, context=16))(
+          transformer.params, tokens, jax.random.key(5))
+  drawn = sample(transformer, prompt, length=12, seed=5, num_samples=3)
+  assert drawn == [bytes(row) for row in np.asarray(full, np.uint8)]
+  assert len(set(drawn)) == 3

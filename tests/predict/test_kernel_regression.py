@@ -1,14 +1,18 @@
 """research.predict.kernel_regression on a tiny run (2 steps of the three kernels'
 bandwidths): restored estimates equal the loop's own, are the weights' average of the
 training targets, and equal statsmodels' KernelReg (Gaussian) and the formula (box,
-triangle) at the learned bandwidths; the refusals."""
+triangle) at the learned bandwidths; the refusals; 10^6 points in batches of one shape, batches as one
+call, the weights refused beyond RESULT_BYTES; restore's step an int."""
 
 import numpy as np
 import pytest
 from statsmodels.nonparametric.kernel_regression import KernelReg
 
-from research.errors import InputError
+from research.errors import ConfigError, InputError
+from research.predict import kernel_regression as predictor
+from research.predict import runs as rules
 from research.predict.kernel_regression import regress
+from research.training import restore
 
 from . import trained
 
@@ -65,9 +69,87 @@ def test_restored_estimates_are_the_loops_and_the_kernel_formulas(runs):
     (np.array(["1.0"]), "x of dtype <U3: "),
     (np.array([True]), "x of dtype bool: "),
     ([[1.0], [2.0, 3.0]], "x is not an array ("),
+    (np.zeros(9_000_000, np.float32), "weights=True: the weights [N, 20] of 3 kernels over the "
+                                      "run's training points of 9000000 inputs take "
+                                      "2,160,000,000 bytes, more than a prediction returns at "
+                                      "once (research.predict.runs.RESULT_BYTES = "
+                                      "2,147,483,648): pass weights=False for the estimates "
+                                      "alone, or fewer points at once"),
 ])
 def test_points_the_model_cannot_take_are_refused_naming_them(x, message):
   run = trained.untrained(trained.config("kernel_regression", None, TINY))
   with pytest.raises(InputError) as raised:
     regress(run, x)
   assert message in str(raised.value)
+
+
+# ---- Bounded memory: batches of one shape, the weights refused beyond the bound -------------
+
+@pytest.fixture(scope="module")
+def initialised():
+  """A run of the tiny config (20 training points) with its initial bandwidths."""
+  return trained.untrained(trained.config("kernel_regression", None, TINY), initialised=True)
+
+
+
+
+def test_a_million_points_are_estimated_in_bounded_batches(initialised, monkeypatch):
+  """10^6 points without weights: 245 calls of MAX_ROWS = 4096 points (the last padded), the
+  estimates at every point those of the points alone."""
+  shapes = trained.recording(monkeypatch, predictor, "_regress")
+  x = np.linspace(-1.0, 7.0, 1_000_000)
+  fits = regress(initialised, x, weights=False)
+  assert shapes == [(rules.MAX_ROWS,)] * -(-1_000_000 // rules.MAX_ROWS)
+  assert list(fits) == ["gaussian", "box", "triangle"]
+  sample = np.random.default_rng(0).choice(1_000_000, 50, replace=False)
+  alone = regress(initialised, x[sample])
+  for kernel, fit in fits.items():
+    assert fit.weights is None and fit.estimates.shape == (1_000_000,)
+    assert fit.estimates.dtype == np.float32 and fit.bandwidth == alone[kernel].bandwidth
+    np.testing.assert_allclose(fit.estimates[sample], alone[kernel].estimates, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_points_in_batches_answer_as_in_one_batch(initialised, monkeypatch):
+  """POINTS (7) in 4 calls of 2 (MAX_ROWS forced): the estimates and weights of one call."""
+  whole = regress(initialised, POINTS)
+  shapes = trained.recording(monkeypatch, predictor, "_regress")
+  monkeypatch.setattr(rules, "MAX_ROWS", 2)
+  batched = regress(initialised, POINTS)
+  assert shapes == [(2,)] * 4
+  for kernel, fit in batched.items():
+    assert fit.weights.shape == (7, 20)
+    np.testing.assert_allclose(fit.weights, whole[kernel].weights, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(fit.estimates, whole[kernel].estimates, rtol=1e-6, atol=1e-7)
+  estimates = regress(initialised, POINTS, weights=False)
+  for kernel, fit in estimates.items():
+    assert fit.weights is None
+    np.testing.assert_allclose(fit.estimates, whole[kernel].estimates, rtol=1e-6, atol=1e-7)
+  with pytest.raises(InputError, match="^weights=0 must be True or False$"):
+    regress(initialised, POINTS, weights=0)
+
+
+# ---- research.training.restore's step: an int of a checkpoint there -------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [2.0, "2", True, np.float64(2), [2], 2 + 0j])
+def test_restore_refuses_a_step_that_is_not_an_int_naming_the_steps(runs, step):
+  run, _ = runs
+  with pytest.raises(ConfigError) as raised:
+    restore(run.workdir, step)
+  assert str(raised.value) == (f"step={step!r} must be an int (None: the latest); workdir "
+                               f"{run.workdir} has checkpoints of steps 2")
+
+
+@pytest.mark.slow
+def test_restore_takes_a_numpy_int_step_as_an_int(runs):
+  run, _ = runs
+  restored = restore(run.workdir, np.int64(2))
+  assert restored.step == 2 and type(restored.step) is int
+  trained.assert_bitwise_equal(restored.params, run.params)
+
+
+def test_points_given_as_a_generator_or_a_tuple_are_read_once(initialised):
+  reference = regress(initialised, POINTS)
+  for given in ((float(p) for p in POINTS), tuple(POINTS), list(POINTS)):
+    trained.assert_bitwise_equal(regress(initialised, given), reference)

@@ -1,7 +1,8 @@
 """research.predict.nmt_dates on a tiny nmt_dates run (2 steps): restored translations equal
 the loop's own, greedy tokens the argmax of the model's teacher-forced logits, attention
 rows distributions over the source, beam search of one hypothesis greedy decoding (its
-teacher-forced attention greedy decoding's own), beam scores GNMT's formula, the refusals."""
+teacher-forced attention greedy decoding's own), beam scores GNMT's formula, the refusals;
+batches as one batch, any iterable of texts read once, attention refused beyond RESULT_BYTES."""
 
 import dataclasses
 import functools
@@ -15,6 +16,8 @@ from research import experiments
 from research.data import dates
 from research.data.text import BOS, EOS, SPECIAL_TOKENS, Vocabulary
 from research.errors import InputError
+from research.predict import nmt_dates as predictor
+from research.predict import runs as rules
 from research.predict.nmt_dates import _beam_search, translate
 from research.training import Run
 
@@ -173,8 +176,16 @@ def untrained():
     (["1 janvier 2024 2025"], {}, "texts[0] '1 janvier 2024 2025' is 19 characters long; the "
                                   "run's model takes at most 16 (the longest source of its "
                                   "data)"),
-    (["14 janvier"], {"beam_size": 0}, "beam_size=0 must be an int >= 1 (1: greedy decoding)"),
-    (["14 janvier"], {"beam_size": 2.0}, "beam_size=2.0 must be an int >= 1"),
+    *[(["14 janvier"], {"beam_size": size}, f"beam_size={size!r} must be an int in 1 … 22 (1: "
+                                            "greedy decoding; at most the target vocabulary's "
+                                            "size)")
+      for size in (0, -1, 2.0, True, "2", None, 23, 10**9, 2**63, 2**64)],
+    (b"14 janvier", {}, "texts must be a list of texts, got one bytes b'14 janvier': give "
+                        "[text]"),
+    (14, {}, "texts must be a list of texts, got a int, which is not iterable"),
+    ((t for t in ["14 janvier", 14]), {}, "texts[1] is a int, not a str"),
+    (np.array([["14 janvier"]]), {}, "texts[0] is a ndarray, not a str"),
+    (["14 janvier"], {"attention": None}, "attention=None must be True or False"),
     (["14 janvier"], {"beam_size": 2, "length_penalty": -0.5},
      r"length_penalty=-0.5 must be a number in [0, 10] (GNMT's α is 0.6–1; 0: rank by log P "
      "alone)"),
@@ -203,3 +214,67 @@ def test_word_level_runs_name_the_words_they_do_not_know(untrained):
     translate(run, ["le 14 Janvier"])
   with pytest.raises(InputError, match=r"^texts\[0\] has no word to translate: ' '$"):
     translate(run, [" "])
+
+
+# ---- Bounded memory: batches of one shape, texts read once, attention refused beyond the bound
+
+@pytest.fixture(scope="session")
+def initialised(untrained):
+  """The untrained run over FILES with its model's initial parameters (train.batch_size 16)."""
+  model, init, _ = experiments.get("nmt_dates").build_model(untrained.config, FILES.__getitem__)
+  return dataclasses.replace(untrained, params=jax.jit(init)(jax.random.key(0)))
+
+
+TEXTS = ["14 janvier 2024", "1 janvier 1999", "30 janvier 20", "9 janvier", "2024 1 14"]
+
+
+
+
+@pytest.mark.slow
+def test_texts_in_batches_translate_as_in_one_batch(initialised, monkeypatch):
+  """5 texts in one call, then in 3 calls of 2 (MAX_ROWS forced, the last padded): the same
+  outputs, tokens, attention and beam scores, greedily and with a beam of 3."""
+  calls = trained.recording(monkeypatch, predictor, "_decode", lambda source, options: (source.shape[0], options["beam_size"]))
+  for beam_size in (1, 3):
+    whole = translate(initialised, TEXTS, beam_size=beam_size)
+    monkeypatch.setattr(rules, "MAX_ROWS", 2)
+    batched = translate(initialised, TEXTS, beam_size=beam_size)
+    monkeypatch.setattr(rules, "MAX_ROWS", 4096)
+    assert calls == [(5, beam_size), (2, beam_size), (2, beam_size), (2, beam_size)]
+    calls.clear()
+    assert (batched.texts, batched.outputs, batched.output_tokens, batched.source_tokens) == (
+        whole.texts, whole.outputs, whole.output_tokens, whole.source_tokens)
+    for got, expected in zip(batched.attention, whole.attention, strict=True):
+      np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    if beam_size > 1:
+      np.testing.assert_allclose(batched.scores, whole.scores, rtol=1e-6)
+    plain = translate(initialised, TEXTS, beam_size=beam_size, attention=False)
+    assert plain.attention is None and plain.outputs == whole.outputs
+    calls.clear()
+
+
+@pytest.mark.slow
+def test_any_iterable_of_texts_is_read_once_and_named_beside_its_output(initialised):
+  """A generator used to be read twice (texts == [] beside the outputs): its texts, a tuple's
+  and a numpy array's are those of the list, beside the same outputs."""
+  reference = translate(initialised, TEXTS)
+  for given in ((t for t in TEXTS), tuple(TEXTS), np.array(TEXTS), iter(TEXTS)):
+    result = translate(initialised, given)
+    assert result.texts == TEXTS and len(result.outputs) == len(TEXTS)
+    assert result.outputs == reference.outputs
+
+
+def test_attention_beyond_the_bound_is_refused_before_anything_runs(initialised, monkeypatch):
+  """[11, 16] float32 weights a text (T + 1 = 11 steps, S = 16): refused beyond RESULT_BYTES,
+  naming attention=True; attention=False translates them."""
+  calls = trained.recording(monkeypatch, predictor, "_decode", lambda source, options: (source.shape[0], options["beam_size"]))
+  per_text = 11 * 16 * 4
+  monkeypatch.setattr(rules, "RESULT_BYTES", 4 * per_text)
+  with pytest.raises(InputError) as raised:
+    translate(initialised, TEXTS)
+  assert str(raised.value) == (
+      f"attention=True: the attention weights [11, 16] a text of 5 inputs take {5 * per_text:,} "
+      f"bytes, more than a prediction returns at once (research.predict.runs.RESULT_BYTES = "
+      f"{4 * per_text:,}): pass attention=False, or fewer texts at once")
+  assert calls == []
+  assert len(translate(initialised, TEXTS, attention=False).outputs) == 5

@@ -1,6 +1,7 @@
 """research.predict.sequence_tasks: a tiny RNN trained 2 steps on the adding problem answers,
 once restored, as the loop's final parameters do and as model.apply does, at its length and
-another; a copy-task RNN (initial parameters) its classes and probabilities; the refusals."""
+another; a copy-task RNN (initial parameters) its classes and probabilities, in batches of
+one shape as in one call; the refusals."""
 
 import jax
 import numpy as np
@@ -8,6 +9,8 @@ import pytest
 
 from research.data import sequence_tasks as data
 from research.errors import InputError
+from research.predict import runs as rules
+from research.predict import sequence_tasks as predictor
 from research.predict.sequence_tasks import predict_sequences
 
 from . import trained
@@ -77,7 +80,7 @@ ADDING_TAKES = "a run of task adding takes floats [B, L, 2] (value, marker), any
     ("copy", copy_inputs(2)[:0], "inputs of shape [0, 11]: "),
     ("copy", np.where(np.arange(11) == 6, 6, copy_inputs(2)), f"inputs[0, 6] is 6: {COPY_TAKES}"),
     ("copy", np.where(np.arange(11) == 6, -1, copy_inputs(2)), "inputs[0, 6] is -1: "),
-    ("copy", [[1, 2], [3]], "inputs are not an array ("),
+    ("copy", [[1, 2], [3]], "inputs is not an array ("),
     ("adding", np.ones((2, 12, 2), np.int32), f"inputs of dtype int32: {ADDING_TAKES}"),
     ("adding", np.ones((2, 12, 3)), "inputs of shape [2, 12, 3]: "),
     ("adding", np.ones((2, 0, 2)), "inputs of shape [2, 0, 2]: "),
@@ -91,3 +94,35 @@ def test_input_the_model_cannot_take_is_refused_naming_it(task, inputs, message)
   with pytest.raises(InputError) as raised:
     predict_sequences(run, inputs)
   assert message in str(raised.value)
+
+
+# ---- Bounded memory: batches of one shape ----------------------------------------------------
+
+@pytest.mark.slow
+def test_many_inputs_go_through_in_batches_of_one_shape_as_in_one(monkeypatch):
+  """A copy-task RNN (train.batch_size 64 by default): 1 000 inputs in 16 calls of 64 (the
+  last padded) answer as one call of 1 000; 7 in 4 calls of 2 (MAX_ROWS forced) as in calls
+  of 64 (to float32 rounding: XLA's CPU products differ in their last bits between shapes)."""
+  run = trained.untrained(config("task=copy,model=rnn", COPY), initialised=True)
+  shapes, predict_batch = [], predictor._predict
+
+  def predict_recorded(model, params, inputs, **options):
+    if isinstance(inputs, np.ndarray):          # not jax.eval_shape's tracing
+      shapes.append(inputs.shape)
+    return predict_batch(model, params, inputs, **options)
+
+  monkeypatch.setattr(predictor, "_predict", predict_recorded)
+  inputs = copy_inputs(1000, seed=2)
+  answers = predict_sequences(run, inputs)
+  assert run.config.train.batch_size == 64 and shapes == [(64, 11)] * 16
+  assert answers.predictions.shape == (1000, 11) and answers.outputs.shape == (1000, 11, 4)
+  outputs = apply(run, inputs)                                           # one call of 1 000
+  np.testing.assert_allclose(answers.outputs, outputs, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(answers.predictions, np.argmax(outputs, -1))
+  shapes.clear()
+  monkeypatch.setattr(rules, "MAX_ROWS", 2)
+  few = predict_sequences(run, inputs[:7])
+  assert shapes == [(2, 11)] * 4
+  np.testing.assert_array_equal(few.predictions, answers.predictions[:7])
+  np.testing.assert_allclose(few.outputs, answers.outputs[:7], rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(few.probabilities, answers.probabilities[:7], rtol=1e-6)

@@ -58,7 +58,7 @@ def untrained(config, initialised: bool = False):
   (`initialised`) or none (for what is refused before the model runs)."""
   experiment = experiments.get(config.experiment)
   model, init, extras = experiment.build_model(config, None)
-  params = init(jax.random.key(0)) if initialised else None
+  params = jax.jit(init)(jax.random.key(0)) if initialised else None
   return Run("(untrained)", 0, (0,), config, experiment, model, params, extras, [], [])
 
 
@@ -69,3 +69,26 @@ def assert_bitwise_equal(tree, reference):
   for leaf, value in zip(leaves, expected, strict=True):
     leaf, value = np.asarray(leaf), np.asarray(value)
     assert leaf.dtype == value.dtype and np.array_equal(leaf, value)
+
+
+def with_batch_size(run: Run, batch_size: int) -> Run:
+  """`run` whose config.train.batch_size (the rows a predictor gives one call) is batch_size."""
+  config = run.config.copy_and_resolve_references()
+  config.train.batch_size = batch_size
+  return dataclasses.replace(run, config=config)
+
+
+def recording(monkeypatch, module, name: str, of=lambda array, options: array.shape) -> list:
+  """`of(the first array input, the keyword options)` of each call of module.name (a
+  predictor's compiled function, called as name(model, params, array, ...)) from now on; the
+  calls jax.eval_shape traces with (abstract inputs) are left out."""
+  calls, function = [], getattr(module, name)
+
+  def recorded(model, params, array, *arrays, **options):
+    if isinstance(array, np.ndarray):
+      calls.append(of(array, options))
+    return function(model, params, array, *arrays, **options)
+
+  monkeypatch.setattr(module, name, recorded)
+  return calls
+
