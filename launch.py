@@ -20,22 +20,26 @@ sweep, would refuse: a live run's, another config's), and nothing written unless
 step compiles. An override is checked in each spelling absl reads (`-config.KEY` or
 `--config.KEY`, `=VALUE` or the next argument, `--noconfig.KEY`).
 
-`--eval_only` evaluates the checkpoint of step N (default: the latest) of the run in
---workdir, with that run's own config (its config.json: no --config or override is taken),
-on the validation split and the experiment's test report, into eval_step_N.json there
-(`research.training.eval_only`); it writes nothing else, and takes no lock (a live run's
-workdir evaluates too). Not with --sweep or --compile_only.
+`--eval_only` evaluates the checkpoint of step N (default: the latest that reads; one line
+`warning: ...` names each unreadable one passed over) of the run in --workdir, with that
+run's own config (its config.json, checked as a launched config is: no --config or override
+is taken), on the validation split and the experiment's test report, into eval_step_N.json
+there (`research.training.eval_only`); it writes nothing else, and takes no lock (a live
+run's workdir evaluates too). A workdir it cannot write is refused before anything is
+compiled. Not with --sweep or --compile_only.
 
-`--export` writes the checkpoint of step N (default: the latest) of the run in --workdir
-into export_step_N/ there, for use without this package: its parameters
-(params.safetensors), its inference function serialized by jax.export for CPU, CUDA and TPU
-(inference.jax_exported) and what calling it takes (metadata.json)
-(`research.training.export`). Like --eval_only it takes the run's own config, writes nothing
-else and takes no lock; not with --eval_only, --sweep or --compile_only.
+`--export` writes the checkpoint of step N (default: the latest that reads, as for
+--eval_only) of the run in --workdir into export_step_N/ there, for use without this
+package: its parameters (params.safetensors), its inference function serialized by
+jax.export for CPU, CUDA and TPU (inference.jax_exported) and what calling it takes
+(metadata.json) (`research.training.export`: a kill leaves the old export_step_N or the
+new one). Like --eval_only it takes the run's own config, writes nothing else and takes no
+run lock; not with --eval_only, --sweep or --compile_only.
 
 Exit status: 0 done (or stopped by SIGTERM after saving a checkpoint), 1 the run failed
 (a non-finite loss, a failed save, an exception in another thread), 2 a user error,
-130 stopped by Ctrl-C after saving.
+130 stopped by Ctrl-C: after saving the current step, or, for a second Ctrl-C (or one
+before the loop), at once, in one line naming the latest checkpoint saved in the workdir.
 """
 
 import sys
@@ -45,6 +49,7 @@ from research import jax_start
 VERBOSE_FLAG = "--verbose"
 
 with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on import
+  import contextlib
   import datetime
   import functools
   import importlib.util
@@ -53,6 +58,7 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   import logging as python_logging
   import os
   import signal
+  import warnings
   from collections.abc import Callable
 
   import jax
@@ -73,12 +79,15 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from research.training.compile_only import REPORT, SUMMARY, compile_sweep, table, target_name
   from research.training.eval_only import evaluate_checkpoint
   from research.training.export import export_run
+  from research.training.loop import Interrupted
+  from research.training.run import RestoreWarning
   from research.training.validation import check_base_keys, check_key, get, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
 ORBAX = f"{os.sep}orbax{os.sep}"         # in the path of Orbax's modules
 ORBAX_TEMPORARY = ".orbax-checkpoint-tmp"  # in the path of a save Orbax has not finished
+TRAINING = {}   # "workdir": where this command trains, once known (what a Ctrl-C reports)
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "run every point of the config's get_sweep()")
 COMPILE_ONLY_FLAG, EVAL_ONLY_FLAG, EXPORT_FLAG, STEP_FLAG = (
@@ -346,6 +355,7 @@ def train_or_compile(config, module, name: str, verbose: bool, target: str | Non
   if target is not None:
     compile_for(target, config, module, workdir, experiment, verbose)
     return
+  TRAINING["workdir"] = workdir
   distributed.initialize(config)
   start_backends(verbose)
   if _SWEEP.value:
@@ -357,19 +367,46 @@ def train_or_compile(config, module, name: str, verbose: bool, target: str | Non
     print(f"workdir: {workdir}")
 
 
+@contextlib.contextmanager
+def restore_warnings_as_lines():
+  """Restoring's warnings (research.training.run.RestoreWarning: an unreadable checkpoint
+  passed over, other versions than the run's) as one line `warning: ...` each, as they come,
+  on stderr as it is when the block starts (a `jax_start.held_back` inside it holds back the
+  libraries' logs, not these); other warnings as Python shows them."""
+  shown = warnings.showwarning
+  sys.stderr.flush()
+  stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", encoding="utf-8")
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, RestoreWarning):
+      print(f"warning: {message}", file=stream, flush=True)
+    else:
+      shown(message, category, filename, lineno, file, line)
+
+  warnings.showwarning = show
+  try:
+    yield
+  finally:
+    warnings.showwarning = shown
+    stream.close()
+
+
 def evaluate(verbose: bool) -> None:
-  """--eval_only: the checkpoint of --step (default: the latest) of the run in --workdir."""
+  """--eval_only: the checkpoint of --step (default: the latest that reads) of the run in
+  --workdir."""
   start_backends(verbose)
-  path, metrics = evaluate_checkpoint(_WORKDIR.value, _STEP.value)
+  with restore_warnings_as_lines():
+    path, metrics = evaluate_checkpoint(_WORKDIR.value, _STEP.value)
   print(json.dumps({k: round(v, 6) for k, v in metrics.items()}, indent=2))
   print(f"eval metrics: {path}")
 
 
 def export(verbose: bool) -> None:
-  """--export: the checkpoint of --step (default: the latest) of the run in --workdir."""
+  """--export: the checkpoint of --step (default: the latest that reads) of the run in
+  --workdir."""
   start_backends(verbose)
-  with jax_start.held_back(not verbose):   # the CUDA and TPU lowerings' logs
-    directory, metadata = export_run(_WORKDIR.value, _STEP.value)
+  with restore_warnings_as_lines(), jax_start.held_back(not verbose):   # (the CUDA and TPU
+    directory, metadata = export_run(_WORKDIR.value, _STEP.value)       # lowerings' logs)
   for platform, reason in metadata["not_exported"].items():
     print(f"warning: no {platform} program in {directory}: {reason}", file=sys.stderr)
   print(f"exported step {metadata['step']} for {', '.join(metadata['platforms'])}: {directory}")
@@ -393,12 +430,30 @@ def main(work: Callable[[], None], verbose: bool, arguments: list[str]) -> None:
   except RunFailed as error:
     fail(1, f"error: {error}", verbose)
   except Stopped as error:
+    ignore_interrupts()
     thread_failures.ending(130 if error.signum == signal.SIGINT else 0)
     print(str(error), file=sys.stderr)
     sys.exit(130 if error.signum == signal.SIGINT else 0)
   except KeyboardInterrupt:
-    fail(130, "interrupted (Ctrl-C) before the first step: nothing to save", verbose)
+    ignore_interrupts()
+    fail(130, interrupted(), verbose)
   thread_failures.ending(0)
+
+
+def ignore_interrupts() -> None:
+  """Ctrl-C from now on changes nothing: the command is reporting how it ended (main
+  thread only, where handlers are set)."""
+  with contextlib.suppress(ValueError):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def interrupted() -> str:
+  """The line of a Ctrl-C that ended the command outside the train loop's stop: for a
+  training command, the latest checkpoint saved under its workdir as it is now
+  (loop.Interrupted), whenever the Ctrl-C came."""
+  if "workdir" in TRAINING:
+    return str(Interrupted(TRAINING["workdir"]))
+  return "interrupted (Ctrl-C): nothing to save"
 
 
 def run(argv: list[str]) -> None:
@@ -415,6 +470,9 @@ def run(argv: list[str]) -> None:
       check_overrides(config, argv)
   except UserError as error:
     fail(2, f"error: {error}", verbose)
+  except KeyboardInterrupt:
+    ignore_interrupts()
+    fail(130, interrupted(), verbose)
   if on_checkpoint is not None:
     work = functools.partial({EVAL_ONLY_FLAG: evaluate, EXPORT_FLAG: export}[on_checkpoint],
                              verbose)

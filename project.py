@@ -3,7 +3,9 @@
     python3 project.py main     # the main job: launch.py's default experiment (nmt_dates)
     python3 project.py test     # the linter, then the whole test suite (arguments: pytest's)
     python3 project.py quick    # the linter, then the unit tests alone, without the compile
-                                # toolchains: no `slow` or `aot` test (about 2 minutes)
+                                # toolchains: no `slow` or `aot` test (about 3 minutes)
+    python3 project.py long     # the long tier: the notebooks in quick mode, whole-preset
+                                # compiles, the multi-process run, the exhaustive grids
     python3 project.py bench [NAME [arguments]]   # NAME: recurrent, attention, attention_bound,
                                 # compile_targets, accelerator, lra_efficiency
 
@@ -11,7 +13,8 @@
 there when it fails. `test` then runs its two tiers, each in its own environment: the unit
 tests in `.venv-quick`, which holds the `test` extra alone, as `quick` runs them (what they
 check must hold on a machine without the toolchains), then the `slow` and `aot` tests in
-`.venv`; it fails if either fails. Plain `bench` runs recurrent, attention and
+`.venv`; it fails if either fails. Tests marked `long` (tests/markers.txt) are left to `long`,
+which keeps `test` within CI's 12 minutes on 2 cores. Plain `bench` runs recurrent, attention and
 attention_bound; `bench NAME` runs benchmarks/NAME.py with the arguments that made
 results/NAME.md, and writes its output there (the command and the commit in its first line:
 the docs quote these files) when it ends with exit status 0; a run that failed or was refused
@@ -51,18 +54,20 @@ PYTHON = python(VENV)
 
 # one worker per core (pytest-xdist); tests of one xdist_group share a worker
 PYTEST = ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]
-UNIT_TIER = (QUICK_VENV, "test", [*PYTEST, "-m", "not slow and not aot"])   # tests/markers.txt
-TOOLCHAIN_TIER = (VENV, "test,aot", [*PYTEST, "-m", "slow or aot"])
+UNIT_TIER = (QUICK_VENV, "test", [*PYTEST, "-m", "not slow and not aot and not long"])
+TOOLCHAIN_TIER = (VENV, "test,aot", [*PYTEST, "-m", "(slow or aot) and not long"])
+LONG_TIER = (VENV, "test,aot", [*PYTEST, "-m", "long"])     # markers: tests/markers.txt
 TASKS = {
     # name: its steps, each (environment, pip extras, command run inside it; extra arguments
     # go after it)
     "main": [(VENV, "", ["launch.py"])],
     "test": [UNIT_TIER, TOOLCHAIN_TIER],
     "quick": [UNIT_TIER],
+    "long": [LONG_TIER],
     "bench": [(VENV, "test,aot", [])],   # benchmarks/NAME.py; aot: deviceless compiles
 }
 NO_TESTS = 5                         # pytest's exit status when a tier selects no test
-LINTED = ("test", "quick")   # `ruff check .` first
+LINTED = ("test", "quick", "long")   # `ruff check .` first
 LINT = ["-m", "ruff", "check", "."]
 # NAME: the arguments of the command results/NAME.md records
 RECORDED = {"recurrent": ["--section", "all"], "attention": [], "attention_bound": [],

@@ -73,6 +73,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.grid_min = 0.01            # loo / oracle search geomspace(grid_min, grid_max,
   config.model.grid_max = 10.0            # grid_size)
   config.model.grid_size = 1000
+  config.model.dtype = "float32"          # the weighted sums' dtype: float32 | bfloat16 | float16
   return config
 
 

@@ -27,7 +27,7 @@
 # `zlib -9` and `xz -9e` compress the same test bytes: a model that beats xz knows more
 # about Python than a dictionary of repeated strings. The runs are
 # `experiments/char_lm.py:model=gru|lstm|transformer|lru|s5` (5–9 minutes each on a 2-core CPU);
-# runs already made into `runs/char_lm` are read back instead of retrained. CI runs the
+# runs already made into `runs/char_lm` are read back instead of retrained. The suite's long tier runs the
 # quick mode: tiny models on a sample of the test split, so its numbers mean nothing.
 
 # %%

@@ -25,7 +25,7 @@
 # leave-one-out cross-validated one and the oracle (the best test error on a grid), and
 # compare with linear regression. The runs are `experiments/kernel_regression.py` (seconds
 # each on a CPU, kept in `runs/kernel_regression`); the second part averages 20 seeds with
-# its `--sweep`. CI runs the quick mode (3 seeds, fewer steps).
+# its `--sweep`. The suite's long tier runs the quick mode (3 seeds, fewer steps).
 
 # %%
 # Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU

@@ -27,7 +27,7 @@
 # recurrence (LRU, S5) in each block's attention's place, and compare test accuracy,
 # training speed and memory, beside the LRA paper's Table 1. The runs are the `--sweep` of
 # `experiments/listops.py:preset=cpu` (4–13 minutes per point on a 2-core CPU); a
-# sweep already run into `runs/listops_cpu` is read back instead of retrained. CI runs the
+# sweep already run into `runs/listops_cpu` is read back instead of retrained. The suite's long tier runs the
 # quick mode: tiny models and data, so its accuracies mean nothing.
 
 # %%

@@ -33,7 +33,7 @@
 #
 # We train every attention and the LRU / S5 blocks on the `cpu` preset of Pathfinder (the
 # `--sweep` of `experiments/lra.py:task=pathfinder,preset=cpu`; a sweep already run into
-# `runs/pathfinder_cpu` is read back instead of retrained) beside LRA's Table 1. CI runs the
+# `runs/pathfinder_cpu` is read back instead of retrained) beside LRA's Table 1. The suite's long tier runs the
 # quick mode: tiny models and data, so its accuracies mean nothing.
 
 # %%

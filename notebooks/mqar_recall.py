@@ -31,7 +31,7 @@
 # steps of batch 64; the `zoology` preset is the paper's full grid, for a GPU). A sweep run
 # into `runs/mqar_cpu` by
 # `python launch.py --config experiments/mqar.py:preset=cpu --sweep --workdir runs/mqar_cpu`
-# is read back instead of retrained. CI runs the quick mode (two models at width 16 for 30
+# is read back instead of retrained. The suite's long tier runs the quick mode (two models at width 16 for 30
 # steps), whose numbers mean nothing.
 
 # %%

@@ -25,7 +25,7 @@
 # `notebook.train(config, workdir)` (`research.training.train_and_evaluate`) with configs
 # from `experiments/nmt_dates.py`. The outputs below are the full-size runs (1500 steps,
 # about 3 minutes each on a 2-core CPU), kept in `runs/nmt_ablation` and read back when the
-# notebook runs again; CI runs the quick mode (`NOTEBOOK_QUICK=1`).
+# notebook runs again; the suite's long tier runs the quick mode (`NOTEBOOK_QUICK=1`).
 
 # %%
 # Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU

@@ -27,7 +27,7 @@
 # bidirectional, 64 complex states) at T = 10, 50 and 100: the `--sweep` of
 # `experiments/sequence_tasks.py` (about 32 minutes on a 2-core CPU, 28 of them LRU's and
 # S5's, whose steps each cost several of a gated cell's). A sweep already
-# run into `runs/sequence_tasks` is read back instead of retrained. CI runs the quick mode
+# run into `runs/sequence_tasks` is read back instead of retrained. The suite's long tier runs the quick mode
 # (T = 10 alone, 40 steps each), whose numbers mean little.
 
 # %%

@@ -16,7 +16,6 @@ import contextlib
 import importlib
 import importlib.metadata
 import io
-import json
 import os
 import re
 import subprocess
@@ -68,12 +67,11 @@ def train(config, workdir: str) -> dict:
   final_metrics.json when the run has finished, else trained (validated first), its
   progress shown as one bar with the ETA (`ProgressBar`)."""
   done = os.path.join(workdir, "final_metrics.json")
-  if os.path.exists(done):
-    with open(done) as f:
-      return json.load(f)
   # Imported here, not at the top: install() runs before the dependencies are installed.
   from research import experiments
-  from research.training import train_and_evaluate
+  from research.training import metrics, train_and_evaluate
+  if os.path.exists(done):
+    return metrics.read_json(done)         # its non-finite values too (metrics.py)
   with contextlib.redirect_stderr(ProgressBar(os.path.basename(workdir))):
     return train_and_evaluate(config, workdir, experiments.get(config.experiment))
 

@@ -72,7 +72,8 @@ def test_only_a_benchmarks_recorded_command_writes_its_results_file():
 
 def test_the_test_tiers_stop_at_the_linter_and_quick_leaves_out_slow_and_aot(monkeypatch):
   """`quick` runs the unit tests in the toolchain-free environment; `test` runs them there
-  too, then the slow and aot tests in .venv: every test once, in one of the two."""
+  too, then the slow and aot tests in .venv, and `long` the long tier: every test once, in
+  one of the three (each tier's selection leaves out the others')."""
   calls = []
   monkeypatch.setattr(project, "ensure_environment",
                       lambda environment, extras: calls.append((environment.name, extras)))
@@ -90,7 +91,7 @@ def test_the_test_tiers_stop_at_the_linter_and_quick_leaves_out_slow_and_aot(mon
   assert project.main(["quick", "-x"]) == 0
   environment, command = calls[2]
   assert environment == ".venv-quick" and command[-1] == "-x"
-  assert command[command.index("-m", 1) + 1] == "not slow and not aot"
+  assert command[command.index("-m", 1) + 1] == "not slow and not aot and not long"
   calls.clear()
   status["tiers"] = [0, 0]
   assert project.main(["test", "-x"]) == 0
@@ -98,7 +99,11 @@ def test_the_test_tiers_stop_at_the_linter_and_quick_leaves_out_slow_and_aot(mon
   (unit_venv, unit), (rest_venv, rest) = calls[3:]
   assert unit_venv == ".venv-quick" and rest_venv == ".venv"
   selections = {unit[unit.index("-m", 1) + 1], rest[rest.index("-m", 1) + 1]}
-  assert selections == {"not slow and not aot", "slow or aot"}    # complements
+  assert selections == {"not slow and not aot and not long", "(slow or aot) and not long"}
+  calls.clear()
+  status["tiers"] = [0]
+  assert project.main(["long"]) == 0
+  assert calls[0] == (".venv", "test,aot") and calls[2][1][calls[2][1].index("-m", 1) + 1] == "long"
   for statuses, expected in (([1, 0], 1), ([0, 3], 3), ([5, 0], 0), ([0, 5], 0), ([5, 5], 5),
                              ([2, 1], 2)):   # 5: a tier the arguments left without tests
     status["tiers"] = list(statuses)
@@ -203,14 +208,14 @@ def _refusal(module, argv: list[str], capsys) -> str:
 
 def test_every_test_that_tests_markers_txt_names_exists():
   """A renamed test would drop out of its marker silently (and a slow or aot test run in
-  `quick`): each line names a marker the quick tier leaves out, and a test file that exists
-  with the function (or class) it names."""
+  `quick`, a long one in `test`): each line names a marker the quick tier leaves out, and a
+  test file that exists with the function (or class) it names."""
   lines = [line for line in open(os.path.join(ROOT, "tests", "markers.txt"), encoding="utf-8")
            if line.strip() and not line.startswith("#")]
   assert len(set(lines)) == len(lines) > 0
   for line in lines:
-    marker, node = line.split()
-    assert marker in ("slow", "aot"), line
+    marker, node = line.strip().split(maxsplit=1)     # a case's id may hold spaces
+    assert marker in ("slow", "aot", "long"), line
     path, *names = node.split("::")
     source = open(os.path.join(ROOT, path), encoding="utf-8").read()
     for name in names:

@@ -11,7 +11,13 @@ with bandwidth h > 0 and the kernels
 A query with no key inside the support of a compact kernel (box, triangle) gets all-zero
 weights and returns zeros, with finite gradients. The box kernel is piecewise constant, so
 its gradient with respect to h, the queries and the keys is zero.
+
+`dtype` is the dtype of the matrix product Σ_j α_j v_j (mixed precision: bfloat16 or
+float16); the distances, the kernel and its normalisation stay float32, as attention's
+softmax does, and so does the output.
 """
+
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -41,7 +47,7 @@ def _safe_sqrt(x: Array) -> Array:
 
 
 def nadaraya_watson(queries: Array, keys: Array, values: Array, *, kernel: str, bandwidth,
-                    return_weights: bool = False):
+                    return_weights: bool = False, dtype: Any = jnp.float32):
   """Kernel-weighted average of the values (see the module docstring for the kernels).
 
   Args:
@@ -49,9 +55,10 @@ def nadaraya_watson(queries: Array, keys: Array, values: Array, *, kernel: str, 
     kernel: "gaussian", "box" or "triangle".
     bandwidth: h > 0, a scalar or an array broadcastable to [..., m, n].
     return_weights: also return the weights α [..., m, n].
+    dtype: the dtype of the weighted sum's operands (the weights and the values).
 
   Returns:
-    [..., m, d_v] in float32, or (that, weights) with return_weights.
+    [..., m, d_v] in float32, or (that, weights) with return_weights (float32).
   """
   if kernel not in SMOOTHING_KERNELS:
     raise ValueError(f"kernel must be one of {SMOOTHING_KERNELS}, got {kernel!r}")
@@ -69,7 +76,8 @@ def nadaraya_watson(queries: Array, keys: Array, values: Array, *, kernel: str, 
       kernel_values = jnp.maximum(0.0, 1.0 - _safe_sqrt(u_squared))
     total = jnp.sum(kernel_values, axis=-1, keepdims=True)
     weights = kernel_values / jnp.where(total > 0, total, 1.0)
-  out = jnp.einsum("...mn,...nv->...mv", weights, values)
+  out = jnp.einsum("...mn,...nv->...mv", weights.astype(dtype),
+                   values.astype(dtype)).astype(jnp.float32)
   return (out, weights) if return_weights else out
 
 
@@ -82,6 +90,7 @@ class NadarayaWatson(nn.Module):
   kernel: str = "gaussian"          # "gaussian", "box" or "triangle"
   learn_bandwidth: bool = True      # h is a parameter (else fixed at init_bandwidth)
   init_bandwidth: float = 1.0       # initial (or fixed) bandwidth h > 0
+  dtype: Any = jnp.float32          # the weighted sum's dtype (the parameter stays float32)
 
   @nn.compact
   def __call__(self, queries: Array, keys: Array, values: Array) -> Array:
@@ -95,6 +104,6 @@ class NadarayaWatson(nn.Module):
       log_bandwidth = self.param("log_bandwidth", nn.initializers.constant(np.log(bandwidth)), ())
       bandwidth = jnp.exp(log_bandwidth)
     out, weights = nadaraya_watson(queries, keys, values, kernel=self.kernel, bandwidth=bandwidth,
-                                   return_weights=True)
+                                   return_weights=True, dtype=self.dtype)
     self.sow("intermediates", "attention_weights", weights)
     return out

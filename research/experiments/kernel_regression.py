@@ -23,6 +23,10 @@ Learned and loo minimise the same criterion, by gradient descent (a local minimu
 grid) and by search (the grid's global minimum). The box kernel is piecewise constant in h, so
 its gradient is zero and its learned bandwidth stays at the fixed one.
 
+config.model.dtype (float32, bfloat16 or float16, as in every experiment) is the dtype of the
+weighted sums Σ_i α_i y_i, the model's matrix products, in training, evaluation and the report
+alike; the distances, the kernels' weights, the bandwidths and the losses stay float32.
+
 Training batches: config.train.batch_size training points (all of them by default) as queries,
 the other n − 1 points as keys and values. Periodic evaluation: eval/mse_<k> on the test grid
 with the current learned h, eval/loss their mean. The report draws the attention weights
@@ -45,7 +49,14 @@ from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError
 from research.experiments.registry import register
 from research.training.experiment import Heatmap, Inference, Model, Report, Workload
-from research.training.validation import check_host_memory, check_positive, check_range, get
+from research.training.validation import (
+  COMPUTE_DTYPES,
+  check_choice,
+  check_host_memory,
+  check_positive,
+  check_range,
+  get,
+)
 
 Array = jax.Array
 METHODS = ("fixed", "learned", "loo", "oracle")
@@ -56,6 +67,12 @@ DATA_SCALE = 1e6                  # the largest x_max, noise σ and test spacing
 def kernel_names(config) -> tuple[str, ...]:
   """config.model.kernels, "gaussian,box" -> ("gaussian", "box")."""
   return tuple(name.strip() for name in config.model.kernels.split(","))
+
+
+def compute_dtype(config) -> str:
+  """config.model.dtype: the weighted sums' dtype (float32 where a config.json written before
+  the key lacks it)."""
+  return config.model.get("dtype", "float32")
 
 
 def bandwidth_grid(config) -> np.ndarray:
@@ -73,6 +90,8 @@ def validate(config) -> None:
                         f"allowed; choose a comma-separated subset of: {', '.join(SMOOTHING_KERNELS)}")
   if len(set(names)) != len(names):
     raise ConfigError(f"config.model.kernels={config.model.kernels!r} names a kernel twice")
+  if "dtype" in config.model:     # absent from the config.json of a run before it: float32
+    check_choice(config, "model.dtype", COMPUTE_DTYPES)
   check_positive(config, "data.num_train", "data.x_max", "data.test_spacing", "model.bandwidth",
                  "model.grid_min", "model.grid_max", "model.grid_size")
   check_positive(config, "data.noise_std", allow_zero=True)
@@ -110,8 +129,10 @@ def others(n: int) -> np.ndarray:
   return np.array([np.delete(np.arange(n), i) for i in range(n)], dtype=np.int32)
 
 
-def predict(x_query, x_train, y_train, *, kernel: str, bandwidth, return_weights=False):
-  """Nadaraya–Watson estimates at x_query [m] from the points (x_train, y_train) [n].
+def predict(x_query, x_train, y_train, *, kernel: str, bandwidth, return_weights=False,
+            dtype="float32"):
+  """Nadaraya–Watson estimates at x_query [m] from the points (x_train, y_train) [n], the
+  weighted sums in `dtype`.
 
   bandwidth: a scalar, or [G] for G bandwidths at once. Returns [m] (or [G, m]), and with
   return_weights also the weights [m, n] (or [G, m, n]).
@@ -119,23 +140,26 @@ def predict(x_query, x_train, y_train, *, kernel: str, bandwidth, return_weights
   bandwidth = jnp.asarray(bandwidth, jnp.float32)[..., None, None]        # [(G,) 1, 1]
   out, weights = nadaraya_watson(jnp.asarray(x_query)[:, None], jnp.asarray(x_train)[:, None],
                                  jnp.asarray(y_train)[:, None], kernel=kernel,
-                                 bandwidth=bandwidth, return_weights=True)
+                                 bandwidth=bandwidth, return_weights=True, dtype=dtype)
   return (out[..., 0], weights) if return_weights else out[..., 0]
 
 
-def leave_one_out_predictions(x_train, y_train, *, kernel: str, bandwidth) -> Array:
+def leave_one_out_predictions(x_train, y_train, *, kernel: str, bandwidth,
+                              dtype="float32") -> Array:
   """f̂_{h,−i}(x_i) for every training point i: [n], or [G, n] for bandwidths [G]."""
   rest = others(len(x_train))
   x_train, y_train = jnp.asarray(x_train), jnp.asarray(y_train)
   bandwidth = jnp.asarray(bandwidth, jnp.float32)[..., None, None, None]  # [(G,) 1, 1, 1]
   out = nadaraya_watson(x_train[:, None, None], x_train[rest][..., None],
-                        y_train[rest][..., None], kernel=kernel, bandwidth=bandwidth)
+                        y_train[rest][..., None], kernel=kernel, bandwidth=bandwidth,
+                        dtype=dtype)
   return out[..., 0, 0]                                                   # [(G,) n]
 
 
-def leave_one_out_mse(x_train, y_train, *, kernel: str, bandwidth) -> Array:
+def leave_one_out_mse(x_train, y_train, *, kernel: str, bandwidth, dtype="float32") -> Array:
   """L(h) = 1/n Σ_i (y_i − f̂_{h,−i}(x_i))²: a scalar, or [G] for bandwidths [G]."""
-  predictions = leave_one_out_predictions(x_train, y_train, kernel=kernel, bandwidth=bandwidth)
+  predictions = leave_one_out_predictions(x_train, y_train, kernel=kernel, bandwidth=bandwidth,
+                                          dtype=dtype)
   return jnp.mean(jnp.square(predictions - jnp.asarray(y_train)), axis=-1)
 
 
@@ -150,11 +174,13 @@ class Regressors(nn.Module):
   """One Nadaraya–Watson regressor per kernel, each with its own learned bandwidth."""
   kernels: tuple[str, ...]          # e.g. ("gaussian", "box", "triangle")
   bandwidth: float                  # initial h of every kernel
+  dtype: str = "float32"            # the weighted sums' dtype (config.model.dtype)
 
   @nn.compact
   def __call__(self, queries: Array, keys: Array, values: Array) -> dict[str, Array]:
     """queries [..., m, 1], keys [..., n, 1], values [..., n, 1] -> {kernel: [..., m, 1]}."""
-    regressors = {k: NadarayaWatson(kernel=k, init_bandwidth=self.bandwidth, name=k)
+    regressors = {k: NadarayaWatson(kernel=k, init_bandwidth=self.bandwidth, dtype=self.dtype,
+                                    name=k)
                   for k in self.kernels}
     return {k: regressor(queries, keys, values) for k, regressor in regressors.items()}
 
@@ -170,7 +196,7 @@ def build_model(config, read=None) -> Model:
   attends to, and the test grid x_test, y_test."""
   del read     # the run writes no file
   arrays = make_data(config)
-  model = Regressors(kernel_names(config), config.model.bandwidth)
+  model = Regressors(kernel_names(config), config.model.bandwidth, compute_dtype(config))
   x_train, y_train = arrays["x_train"][:, None], arrays["y_train"][:, None]
   return Model(model, lambda rng: model.init(rng, jnp.asarray(x_train[:1]), jnp.asarray(x_train),
                                              jnp.asarray(y_train))["params"], arrays)
@@ -231,15 +257,16 @@ def build(config) -> Workload:
               evaluate=evaluate, report=report)
 
 
-@functools.partial(jax.jit, static_argnames="kernel")
-def bandwidth_curves(x_train, y_train, x_test, y_test, bandwidths, *, kernel: str
-                     ) -> tuple[Array, Array, Array]:
+@functools.partial(jax.jit, static_argnames=("kernel", "dtype"))
+def bandwidth_curves(x_train, y_train, x_test, y_test, bandwidths, *, kernel: str,
+                     dtype: str = "float32") -> tuple[Array, Array, Array]:
   """At each of bandwidths [G]: the predictions on x_test [G, m], their MSE against y_test [G]
-  and the leave-one-out MSE L(h) [G]."""
-  predictions = predict(x_test, x_train, y_train, kernel=kernel, bandwidth=bandwidths)
+  and the leave-one-out MSE L(h) [G], the weighted sums in `dtype`."""
+  predictions = predict(x_test, x_train, y_train, kernel=kernel, bandwidth=bandwidths,
+                        dtype=dtype)
   test = jnp.mean(jnp.square(predictions - y_test), axis=-1)
   return predictions, test, leave_one_out_mse(x_train, y_train, kernel=kernel,
-                                              bandwidth=bandwidths)
+                                              bandwidth=bandwidths, dtype=dtype)
 
 
 def choose_bandwidths(config, arrays, kernel: str, learned: float
@@ -250,7 +277,7 @@ def choose_bandwidths(config, arrays, kernel: str, learned: float
   bandwidths = np.concatenate([[config.model.bandwidth, learned], grid])
   predictions, test, loo = jax.device_get(bandwidth_curves(
       *(arrays[k] for k in ("x_train", "y_train", "x_test", "y_test")), bandwidths,
-      kernel=kernel))
+      kernel=kernel, dtype=compute_dtype(config)))
   best_loo, best_test = 2 + np.argmin(loo[2:]), 2 + np.argmin(test[2:])   # on the grid
   return {method: (float(bandwidths[i]), float(test[i]), np.asarray(predictions[i]))
           for method, i in (("fixed", 0), ("learned", 1), ("loo", best_loo),
@@ -275,8 +302,9 @@ def make_report(config, arrays, learned: dict[str, float]) -> Report:
   curves["linear regression"] = linear
   # The first kernel's weights only: drawing a heatmap takes about a second.
   kernel, h = next(iter(learned.items()))
-  _, weights = jax.jit(predict, static_argnames=("kernel", "return_weights"))(
-      x_test, x_train, y_train, kernel=kernel, bandwidth=h, return_weights=True)
+  _, weights = jax.jit(predict, static_argnames=("kernel", "return_weights", "dtype"))(
+      x_test, x_train, y_train, kernel=kernel, bandwidth=h, return_weights=True,
+      dtype=compute_dtype(config))
   heatmap = Heatmap(np.asarray(weights), [f"{x:.1f}" for x in x_test],
                     [f"{x:.1f}" for x in x_train],
                     f"Nadaraya–Watson attention weights, {kernel} kernel, learned h = {h:.3g} "

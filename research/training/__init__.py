@@ -13,10 +13,11 @@ from research.errors import ConfigError, InputError, RunFailed, UserError, Workd
 from research.training.config import base_config
 from research.training.loop import Stopped, train, train_and_evaluate, validate
 from research.training.metrics import NonFiniteLossError
-from research.training.run import ProvenanceWarning, Run, restore
+from research.training.run import ProvenanceWarning, Run, UnreadableCheckpointWarning, restore
 from research.training.sweep import run_sweep
 from research.training.validation import apply_overrides
 
 __all__ = ["ConfigError", "InputError", "NonFiniteLossError", "ProvenanceWarning", "Run",
-           "RunFailed", "Stopped", "UserError", "WorkdirError", "apply_overrides", "base_config",
-           "restore", "run_sweep", "train", "train_and_evaluate", "validate"]
+           "RunFailed", "Stopped", "UnreadableCheckpointWarning", "UserError", "WorkdirError",
+           "apply_overrides", "base_config", "restore", "run_sweep", "train", "train_and_evaluate",
+           "validate"]

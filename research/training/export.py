@@ -1,7 +1,7 @@
 """A run's model for use without this package: `python launch.py --workdir DIR --export [--step N]`.
 
 `export_run(workdir, step=None)` restores the run (research.training.run.restore: its own
-config.json and the checkpoint of `step`, the latest by default) and writes
+config.json and the checkpoint of `step`, by default the latest that reads) and writes
 DIR/export_step_<step>/:
 
   params.safetensors      the parameters alone (no optimizer state), float32 as the checkpoint
@@ -43,19 +43,35 @@ inference.cuda.jax_exported, batch 32). A platform that lowers with neither (its
 missing: the `aot` extra's cuDNN, CUDA plugin) is left out and named, with the first line of
 its error, in metadata.json's `not_exported`.
 
-Nothing else in the workdir is written and no lock is taken (a live run's workdir exports
-too, at its latest complete checkpoint); an export_step_<step> there already is replaced
-whole once the new one is complete (written into a temporary directory beside it,
-.export_step_<step>.*, then swapped in; a kill meanwhile leaves that directory). Refused in
-one line with nothing written (a research.errors.UserError): what restore refuses; an
-experiment registered without `inference`; a workdir that cannot be written.
+Nothing else in the workdir is written, and the run's lock is not taken (a live run's workdir
+exports too, at its latest complete checkpoint that reads). An export_step_<step> there already
+is replaced whole once the new one is complete: written into a temporary directory beside it,
+.export_step_<step>.XXXXXXXX, then exchanged with it in one step (Linux's renameat2), so that
+a kill at any moment leaves the old export or the new one at export_step_<step>; where the
+filesystem cannot exchange (not Linux, NFS) two renames do, and a kill between them leaves the
+old one aside as .export_step_<step>.XXXXXXXX.old. Each export holds the workdir's export lock
+(an flock on the directory itself: no file), and removes what dead exports left (their
+temporaries; an old export aside goes back to its name) just before it writes, so a live
+export's temporary is never removed.
+
+Refused in one line with nothing written, before anything is compiled (a
+research.errors.UserError): what restore refuses (a config.json today's checks refuse
+included); an experiment registered without `inference`; a workdir that cannot be written,
+or whose export_step_<step> is not a directory; a workdir another live export holds.
 """
 
+import contextlib
+import ctypes
+import errno
+import fcntl
+import functools
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import jax
@@ -65,13 +81,17 @@ from safetensors.numpy import save_file
 from research.attention.platforms import UNSTABLE_CUSTOM_CALLS, export_checks_to_disable
 from research.errors import ConfigError, WorkdirError
 from research.training.checkpoints import leaves_by_path
-from research.training.run import restore
+from research.training.run import restore, writable
 
 DIRECTORY = "export_step_{step}"
 PARAMS, EXPORTED, METADATA = "params.safetensors", "inference.jax_exported", "metadata.json"
 EXPORTED_IN = "inference.{}.jax_exported"     # a second program: its platforms in its name
 PLATFORMS = ("cpu", "cuda", "tpu")
 BATCH = "b"                      # the symbolic batch size of every input
+OLD = ".old"                     # an old export set aside, where no exchange is possible
+# What a killed export leaves: its temporary (mkdtemp's 8 characters), or the old one aside.
+LEFTOVER = re.compile(r"\.export_step_\d+\.[a-z0-9_]{8}(\.old)?")
+AT_FDCWD, RENAME_EXCHANGE = -100, 2              # <fcntl.h>, <linux/fs.h>
 
 
 class Program(NamedTuple):
@@ -90,39 +110,39 @@ def export_run(workdir: str, step: int | None = None, platforms: tuple[str, ...]
   if run.experiment.inference is None:
     raise ConfigError(f"workdir {workdir} holds a run of the experiment {run.experiment.name!r}, "
                       "registered without inference: register it with one to export its runs")
-  inference = run.experiment.inference(run.config, run.model, run.extras)
-  params = jax.device_get(run.params)
-  programs, failures = export_programs(inference, params, platforms, run.config.train.batch_size)
-  first = programs[0].exported
-  metadata = {
-      "experiment": run.experiment.name, "step": run.step, "config": run.config.to_dict(),
-      "inputs": [_described(name, aval, meaning) for (name, (_, meaning)), aval
-                 in zip(inference.inputs.items(), first.in_avals, strict=True)],
-      "outputs": [_described(name, aval, inference.outputs[name]) for name, aval
-                  in zip(_output_names(first), first.out_avals, strict=True)],
-      "about": inference.about,
-      "platforms": [p for p in platforms if p not in failures], "not_exported": failures,
-      "programs": [_program(program) for program in programs],
-      "params": PARAMS, "jax_version": jax.__version__}
   directory = os.path.join(workdir, DIRECTORY.format(step=run.step))
-  try:
-    temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.", dir=workdir)
-  except OSError as error:
-    raise WorkdirError(f"workdir {workdir} cannot be written ({error.strerror or error}): "
-                       "export a copy of it") from None
-  try:
-    save_file(named_parameters(params), os.path.join(temporary, PARAMS),
-              metadata={"experiment": run.experiment.name, "step": str(run.step)})
-    for program in programs:
-      with open(os.path.join(temporary, program.file), "wb") as f:
-        f.write(program.exported.serialize())
-    with open(os.path.join(temporary, METADATA), "w", encoding="utf-8") as f:
-      json.dump(metadata, f, indent=2, ensure_ascii=False)
-      f.write("\n")
-    _swap_in(temporary, directory)
-  finally:
-    shutil.rmtree(temporary, ignore_errors=True)
+  writable(workdir, directory, "directory")
+  with exporting(workdir):
+    inference = run.experiment.inference(run.config, run.model, run.extras)
+    params = jax.device_get(run.params)
+    programs, failures = export_programs(inference, params, platforms,
+                                         run.config.train.batch_size)
+    first = programs[0].exported
+    metadata = {
+        "experiment": run.experiment.name, "step": run.step, "config": run.config.to_dict(),
+        "inputs": [_described(name, aval, meaning) for (name, (_, meaning)), aval
+                   in zip(inference.inputs.items(), first.in_avals, strict=True)],
+        "outputs": [_described(name, aval, inference.outputs[name]) for name, aval
+                    in zip(_output_names(first), first.out_avals, strict=True)],
+        "about": inference.about,
+        "platforms": [p for p in platforms if p not in failures], "not_exported": failures,
+        "programs": [_program(program) for program in programs],
+        "params": PARAMS, "jax_version": jax.__version__}
+    remove_dead_exports(workdir)
+    publish(directory, lambda temporary: _write(temporary, run, params, programs, metadata))
   return directory, metadata
+
+
+def _write(temporary: str, run, params, programs: list["Program"], metadata: dict) -> None:
+  """The export's files, into the directory `temporary`."""
+  save_file(named_parameters(params), os.path.join(temporary, PARAMS),
+            metadata={"experiment": run.experiment.name, "step": str(run.step)})
+  for program in programs:
+    with open(os.path.join(temporary, program.file), "wb") as f:
+      f.write(program.exported.serialize())
+  with open(os.path.join(temporary, METADATA), "w", encoding="utf-8") as f:
+    json.dump(metadata, f, indent=2, ensure_ascii=False)
+    f.write("\n")
 
 
 def export_programs(inference, params, platforms: tuple[str, ...], batch_size: int
@@ -193,12 +213,97 @@ def _described(name: str, aval, meaning: str) -> dict:
           "dtype": str(aval.dtype), "meaning": meaning}
 
 
+@contextlib.contextmanager
+def exporting(workdir: str) -> Iterator[None]:
+  """Holds the export lock of `workdir` while the block runs: an flock on the directory
+  itself, which writes nothing into it and which the kernel releases when its holder dies
+  (the training run's lock, run.lock, is another: a live run's workdir exports too).
+  WorkdirError, before anything is compiled, while another live export holds it."""
+  handle = os.open(workdir, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+      if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        raise
+      raise WorkdirError(f"workdir {workdir} is being exported by another live process: wait "
+                         "for it to end, then export again") from None
+    yield
+  finally:
+    os.close(handle)
+
+
+def publish(directory: str, write: Callable[[str], None]) -> None:
+  """`write(temporary)` fills a new directory beside `directory` (.export_step_N.XXXXXXXX),
+  which then takes its place in one step (`_swap_in`); one there before is removed. Called
+  under `exporting`. A kill at any moment leaves the old export or the new one at
+  `directory` (but where the filesystem cannot exchange two names: see `_swap_in`), and the
+  temporary, which the next export removes (`remove_dead_exports`)."""
+  parent, name = os.path.split(directory)
+  temporary = tempfile.mkdtemp(prefix=f".{name}.", dir=parent)
+  try:
+    write(temporary)
+    _swap_in(temporary, directory)
+  finally:
+    shutil.rmtree(temporary, ignore_errors=True)       # (after a swap: the old export)
+
+
+def remove_dead_exports(workdir: str) -> list[str]:
+  """Removes what killed exports left in `workdir` (the directories LEFTOVER matches): their
+  temporaries, and the old export a kill between `_swap_in`'s two renames left aside, which
+  goes back to its name where nothing took it. Called under `exporting`, so no live export's
+  directory is among them; the names acted on, sorted."""
+  found = sorted(name for name in os.listdir(workdir) if LEFTOVER.fullmatch(name)
+                 and os.path.isdir(os.path.join(workdir, name))
+                 and not os.path.islink(os.path.join(workdir, name)))
+  for name in sorted(found, key=lambda n: not n.endswith(OLD)):    # old exports first
+    path = os.path.join(workdir, name)
+    target = os.path.join(workdir, name[1:].split(".")[0])
+    if name.endswith(OLD) and not os.path.lexists(target):
+      os.rename(path, target)
+    else:
+      shutil.rmtree(path)
+  return found
+
+
 def _swap_in(temporary: str, directory: str) -> None:
-  """Moves the complete `temporary` to `directory`, replacing one there."""
-  if not os.path.exists(directory):
+  """Moves the complete `temporary` to `directory`, and the export there before, if any, to
+  `temporary`: in one step (Linux's renameat2 exchange), else (another system, a filesystem
+  that cannot: NFS) by two renames, the old one aside as `temporary`.old between them, then
+  removed (a kill between the two leaves no `directory`: the next export renames the old one
+  back)."""
+  if not os.path.lexists(directory):
     os.rename(temporary, directory)
     return
-  old = temporary + ".old"
+  if _exchange(temporary, directory):
+    return
+  old = temporary + OLD
   os.rename(directory, old)
-  os.rename(temporary, directory)
+  try:
+    os.rename(temporary, directory)
+  except BaseException:
+    os.rename(old, directory)
+    raise
   shutil.rmtree(old)
+
+
+def _exchange(first: str, second: str) -> bool:
+  """Swaps the entries at two paths atomically (renameat2 with RENAME_EXCHANGE); False, with
+  nothing changed, where this system or filesystem cannot."""
+  renameat2 = getattr(_libc(), "renameat2", None) if sys.platform == "linux" else None
+  if renameat2 is None:
+    return False
+  renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                        ctypes.c_uint)
+  if renameat2(AT_FDCWD, os.fsencode(first), AT_FDCWD, os.fsencode(second),
+               RENAME_EXCHANGE) == 0:
+    return True
+  code = ctypes.get_errno()
+  if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+    return False
+  raise OSError(code, os.strerror(code), second)
+
+
+@functools.cache
+def _libc():
+  return ctypes.CDLL(None, use_errno=True)

@@ -8,6 +8,8 @@ What a run guarantees:
   kill -9, a crash      rerunning the command resumes from the latest checkpoint and
                         reproduces the uninterrupted run's losses exactly
   SIGTERM / Ctrl-C      a checkpoint of the current step is written first (Stopped)
+  a second Ctrl-C       stops at once (Interrupted), naming the latest saved checkpoint
+                        (or none), whenever it comes, however many follow
   unreadable checkpoint set aside (never replacing an earlier copy), the previous one used
   changed model         CheckpointMismatchError; every checkpoint stays where it was
   a failed save         CheckpointSaveError at the next step; the last complete one stays
@@ -48,6 +50,7 @@ from research.training import (
   thread_failures,
   wandb_writer,
 )
+from research.training import metrics as metrics_json
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints, saved_steps
 from research.training.compile import (
@@ -57,6 +60,7 @@ from research.training.compile import (
   memory_bytes,
   refusals_as_config_errors,
 )
+from research.training.config import read_config_json
 from research.training.experiment import Experiment
 from research.training.loss_scale import STATE_METRICS
 from research.training.metrics import (
@@ -101,6 +105,44 @@ class Stopped(Exception):
                      f"{directory}; run the same command again to resume")
 
 
+class Interrupted(Stopped):
+  """Ctrl-C ended the run without a checkpoint of the step it reached: a second Ctrl-C while
+  the first one's checkpoint was written, or one before the loop (compiling, restoring) or
+  between a sweep's points. The message names the latest checkpoint saved under the workdir
+  (`latest_checkpoint`), read once the run has let go of its files, or says there is none."""
+
+  def __init__(self, workdir: str):
+    self.signum = signal.SIGINT
+    latest = latest_checkpoint(workdir)
+    Exception.__init__(self, (
+        f"interrupted (Ctrl-C): no checkpoint saved in {workdir}; run the same command again "
+        "to start" if latest is None else
+        f"interrupted (Ctrl-C): the latest saved checkpoint is step {latest[1]} in "
+        f"{latest[0]}; run the same command again to resume from it"))
+
+
+def latest_checkpoint(workdir: str) -> tuple[str, int] | None:
+  """(directory, step) of the latest complete checkpoint under `workdir`: the highest step
+  of its checkpoints/ (a run's), or of its points' (a sweep's: the point whose checkpoint
+  was written last); None where there is none."""
+  found = []
+  try:
+    points = [os.path.join(workdir, name) for name in sorted(os.listdir(workdir))]
+  except OSError:
+    points = []
+  for run in (workdir, *points):
+    directory = os.path.abspath(os.path.join(run, CHECKPOINTS))
+    steps = saved_steps(directory)
+    with contextlib.suppress(OSError):
+      if steps:
+        written = os.stat(os.path.join(directory, str(steps[-1]))).st_mtime_ns
+        found.append((run == workdir, written, directory, steps[-1]))
+  if not found:
+    return None
+  _, _, directory, step = max(found)           # a run's own before a point's, else the newest
+  return directory, step
+
+
 class WriteError(RunFailed):
   """A file of the workdir could not be written (a full disk, say)."""
 
@@ -137,18 +179,31 @@ def train(config, workdir: str, experiment: Experiment,
   Returns the final metrics (also written to final_metrics.json): the last
   evaluation, the workload's report, and perf/* figures (compile seconds, steps/s).
   Raises WorkdirError, ConfigError (a workdir of another config), InputError (a
-  malformed data file), CheckpointMismatchError, Stopped, or a RunFailed.
+  malformed data file), CheckpointMismatchError, Stopped (Interrupted for a Ctrl-C that
+  ends it without a checkpoint of its step: a second one, or one before the loop), or a
+  RunFailed.
   """
-  with workdirs.hold(workdir) as lease, wandb_writer.WandbRun(config.wandb, workdir) as wandb_run:
-    workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT),
-                           directories=(CHECKPOINTS, TENSORBOARD, wandb_writer.DIRECTORY,
-                                        profiling.DIRECTORY))
-    taking_over = check_config(config, workdir)
-    if on_start is not None:
-      lease.on_start(on_start)
-    if taking_over and jax.process_index() == 0:
-      lease.on_start(lambda: print(taking_over, file=sys.stderr, flush=True))
-    return _train(config, workdir, experiment, lease, wandb_run)
+  try:
+    with workdirs.hold(workdir) as lease, wandb_writer.WandbRun(config.wandb,
+                                                                 workdir) as wandb_run:
+      return _held(config, workdir, experiment, lease, wandb_run, on_start)
+  except KeyboardInterrupt:
+    raise Interrupted(workdir) from None
+
+
+def _held(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
+          wandb_run: wandb_writer.WandbRun, on_start: Callable[[], None] | None) -> dict:
+  """`train` in a workdir it holds: the workdir's checks, then the run."""
+  workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT,
+                                         provenance.FILE),
+                         directories=(CHECKPOINTS, TENSORBOARD, wandb_writer.DIRECTORY,
+                                      profiling.DIRECTORY))
+  taking_over = check_config(config, workdir)
+  if on_start is not None:
+    lease.on_start(on_start)
+  if taking_over and jax.process_index() == 0:
+    lease.on_start(lambda: print(taking_over, file=sys.stderr, flush=True))
+  return _train(config, workdir, experiment, lease, wandb_run)
 
 
 def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
@@ -295,7 +350,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
             "perf/wall_seconds": time.perf_counter() - started}
   if jax.process_index() == 0:
     with _writing(workdir):
-      files.write_json(os.path.join(workdir, FINAL_METRICS), final)
+      metrics_json.write_json(os.path.join(workdir, FINAL_METRICS), final)
   heatmaps = [f"{stem}.png" for stem in report.heatmaps] if workload.report is not None else []
   wandb_run.images(train.num_steps, {os.path.splitext(name)[0]: os.path.join(workdir, name)
                                      for name in (LOSS_PLOT, *heatmaps)})
@@ -381,12 +436,15 @@ def _check_finite(window: list[dict], first_step: int, last_checkpoint: int | No
 
 def _to_json(metrics: list[dict]) -> list[dict]:
   """Per-step host metrics -> JSON, each value with its dtype so that the logged mean of a
-  window split by a stop and resume equals the uninterrupted one bit for bit."""
-  return [{k: [float(v), np.asarray(v).dtype.name] for k, v in m.items()} for m in metrics]
+  window split by a stop and resume equals the uninterrupted one bit for bit (a non-finite
+  value as metrics.py encodes it: valid JSON)."""
+  return [{k: [metrics_json.encoded(float(v)), np.asarray(v).dtype.name] for k, v in m.items()}
+          for m in metrics]
 
 
 def _from_json(rows: list[dict]) -> list[dict]:
-  return [{k: np.asarray(value, dtype) for k, (value, dtype) in row.items()} for row in rows]
+  return [{k: np.asarray(metrics_json.decoded(value), dtype) for k, (value, dtype) in row.items()}
+          for row in rows]
 
 
 @contextlib.contextmanager
@@ -412,7 +470,8 @@ class _StopFlag:
 def _stop_signals():
   """A flag set by SIGINT or SIGTERM while the loop runs (main thread only; else never set).
 
-  A second Ctrl-C while the current step finishes and saves raises KeyboardInterrupt.
+  A second Ctrl-C while the current step finishes and saves raises KeyboardInterrupt
+  (`train` reports it as Interrupted).
   """
   flag = _StopFlag()
   if threading.current_thread() is not threading.main_thread():
@@ -460,13 +519,15 @@ def check_config(config, workdir: str) -> str | None:
 
 def read_record(workdir: str, name: str, records: str, deleting: str):
   """The JSON file `name` of workdir (config.json, a sweep's sweep.json), None where there
-  is none; WorkdirError naming it when it cannot be read, saying what it `records` and
-  what `deleting` it does."""
+  is none; WorkdirError naming it when it cannot be read (config.json read as every reader
+  reads it: research.training.config.read_config_json), saying what it `records` and what
+  `deleting` it does."""
+  read = read_config_json if name == CONFIG else files.read_json   # (bounded: config.py)
   try:
-    return files.read_json(os.path.join(workdir, name))
+    return read(os.path.join(workdir, name))
   except FileNotFoundError:
     return None
-  except files.UnreadableFile as error:
+  except (files.UnreadableFile, ConfigError) as error:
     raise WorkdirError(f"workdir {workdir} cannot be resumed: {error}. It records {records}: "
                        f"put back a whole copy, delete it {deleting}, or give another "
                        "--workdir") from None

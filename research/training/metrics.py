@@ -1,4 +1,13 @@
-"""Workdir metrics: metrics.jsonl, TensorBoard events, a live progress line."""
+"""Workdir metrics: metrics.jsonl, TensorBoard events, a live progress line, and the one JSON
+encoding of every metrics file the runtime writes.
+
+Every metrics file is valid JSON (RFC 8259, which has no NaN or Infinity): metrics.jsonl,
+final_metrics.json (a run's, a sweep point's), a checkpoint's not yet logged metrics. A
+non-finite float (a float16 run's skipped step has an infinite train/grad_norm; a diverged
+metric) is written as the string "nan", "inf" or "-inf" (`dumps`; what Python's str and
+float() use, so a sweep's summary.csv reads alike), and read back as that float (`loads`,
+`decoded`, `read_json`).
+"""
 
 import contextlib
 import json
@@ -6,9 +15,11 @@ import math
 import os
 import sys
 import time
+from typing import Any
 
 import jax
 
+from research import files
 from research.errors import RunFailed
 from research.files import atomic_write
 from research.training.tensorboard import EventWriter
@@ -19,8 +30,56 @@ TENSORBOARD = "tensorboard"          # the event files' directory
 CONFIG_TABLE = "config"              # the TensorBoard tag of the config's table
 
 
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}   # a JSON string: the float
+
+
 class NonFiniteLossError(RunFailed, FloatingPointError):
   """The training loss became NaN or Inf."""
+
+
+def encoded(value: Any) -> Any:
+  """`value` with each non-finite float (at any depth of dicts, lists and tuples) as its
+  NON_FINITE string."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+  if isinstance(value, dict):
+    return {key: encoded(item) for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [encoded(item) for item in value]
+  return value
+
+
+def decoded(value: Any) -> Any:
+  """`encoded` undone: each NON_FINITE string (at any depth) as its float."""
+  if isinstance(value, str):
+    return NON_FINITE.get(value, value)
+  if isinstance(value, dict):
+    return {key: decoded(item) for key, item in value.items()}
+  if isinstance(value, list):
+    return [decoded(item) for item in value]
+  return value
+
+
+def dumps(value: Any, indent: int | None = None) -> str:
+  """`value` as RFC 8259 JSON, non-finite floats `encoded` (json.dumps would write NaN or
+  Infinity, which JSON does not have)."""
+  return json.dumps(encoded(value), indent=indent, allow_nan=False)
+
+
+def loads(text: str | bytes) -> Any:
+  """The value of a metrics file's JSON, NON_FINITE strings `decoded` (NaN or Infinity
+  tokens, written by an earlier version, read too)."""
+  return decoded(json.loads(text))
+
+
+def write_json(path: str, value: dict) -> None:
+  """A metrics file (final_metrics.json) written whole (research/files.py), `dumps`-encoded."""
+  files.write_text(path, dumps(value, indent=2) + "\n")
+
+
+def read_json(path: str) -> dict:
+  """A metrics file written by `write_json`, `decoded` (files.read_json's errors)."""
+  return decoded(files.read_json(path))
 
 
 class MetricsWriter:
@@ -82,7 +141,7 @@ class MetricsWriter:
     if not self.enabled:
       return
     with _naming(self.path), open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+      f.write(dumps(record) + "\n")
     with _naming(self.tensorboard.path):
       self.tensorboard.scalars(step, values)
     if self.wandb_run is not None:
@@ -119,7 +178,7 @@ def _parse(line: bytes) -> dict | None:
   if not line.endswith(b"\n"):
     return None
   try:
-    record = json.loads(line)
+    record = loads(line)
   except ValueError:
     return None
   return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None

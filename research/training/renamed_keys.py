@@ -25,6 +25,7 @@ ADDED_KEYS = {
     "model.positions": "sinusoidal",          # sequence_tasks' blocks (listops and lra had it)
     "model.mixer_gate": "none",               # nothing after the blocks' mixer
     "train.recurrence_learning_rate": 0.0,    # one rate for every parameter
+    "model.dtype": "float32",                 # kernel_regression (the others had it)
 }
 
 

@@ -9,7 +9,8 @@ A `Run` (a frozen dataclass) holds
 
   workdir      the directory given
   step         the step of the checkpoint restored
-  steps        the steps of every complete checkpoint there, ascending (each restorable)
+  steps        the steps of every complete checkpoint there, ascending, less those found
+               unreadable (the later ones passed over for `step`)
   config       the run's config.json, an ml_collections.ConfigDict
   experiment   the registered Experiment of config.experiment (research.experiments.get)
   model        the flax Module as the experiment trains it (Experiment.build_model)
@@ -30,25 +31,46 @@ and `run.apply(*args, **kwargs)`, model.apply({"params": params}, *args, **kwarg
 
 Restoring reads the run's config.json, the files it wrote for its model (nmt_dates'
 vocabularies and lengths) and one checkpoint's parameters (not the optimizer state): it
-neither reads nor generates a data set, checks nothing a new run would (the data files
-need not be there), writes nothing into the workdir and leaves its lock alone, so a live
-run's workdir restores too (its latest complete checkpoint).
+neither reads nor generates a data set (the data files need not be there), writes nothing
+into the workdir and leaves its lock alone, so a live run's workdir restores too (its latest
+complete checkpoint).
+
+The config.json read back (`read_config`, what restore, --eval_only and --export all read it
+with) passes what a launched config passes before anything is built: a file of at most
+config.MAX_BYTES whose groups nest at most config.MAX_DEPTH deep; the shared keys' types
+(those of base_config(), as config_flags keeps a launched config's) and values
+(validation.check_shared_values; a shared key a run of an earlier version lacks at its
+default); the experiment's own checks (its validate), but for where the data was (the
+DATA_UNREAD keys: data.corpus, data.files, data.stdlib, data.dir), which restoring does not
+read. Not the devices: a run restores on any.
+
+The checkpoint read is that of `step`, or for None the latest that reads: as training falls
+back to its latest readable checkpoint, restore passes over those that cannot be read (cut
+short, corrupt), with an UnreadableCheckpointWarning (one line) naming each and the step used,
+but moves none aside (it writes nothing).
 
 Refused in one line (a research.errors.UserError: WorkdirError, ConfigError or
 CheckpointMismatchError), with nothing written: a workdir that does not exist, holds no run
 (no config.json) or a sweep (restore one of its points); a run without a checkpoint; a step
-without one (naming the steps there are); a config written under a key renamed since
-(renamed_keys.py); an experiment not registered, or registered without build_model; a
-config or a checkpoint that does not fit the model today's code builds (naming the first
-parameter whose path or shape differs).
+that is not an int (2.0, "2", True: a ConfigError) or has no checkpoint (naming the steps
+there are); a step whose checkpoint cannot be read (naming those that read), or a run none
+of whose checkpoints reads; a config.json that cannot be read or parsed (a WorkdirError), or
+that the checks above refuse (a ConfigError naming config.json and the key: a wrong type, a
+value out of range, groups nested too deep, written under a key renamed since,
+renamed_keys.py); an experiment not registered, or registered without build_model; a config
+or a checkpoint that does not fit the model today's code builds (naming the first parameter
+whose path or shape differs).
 
 Warns (a ProvenanceWarning, one line) when today's versions of Python, jax, jaxlib, flax,
 optax, orbax-checkpoint or this package, or the devices, differ from those of the run's
 last start: the outputs may then differ from the run's in their last bits.
 """
 
+import contextlib
 import dataclasses
+import numbers
 import os
+import tempfile
 import warnings
 from typing import Any
 
@@ -56,17 +78,27 @@ import jax
 import ml_collections
 
 from research import files
-from research.errors import ConfigError, UserError, WorkdirError
+from research.errors import CheckpointMismatchError, ConfigError, UserError, WorkdirError
 from research.training import parallel, provenance
 from research.training.checkpoints import read_params, saved_steps
+from research.training.config import base_config, read_config_json
 from research.training.experiment import Experiment
-from research.training.loop import CHECKPOINTS, CONFIG, SWEEP_RECORD, _flatten
+from research.training.loop import CHECKPOINTS, CONFIG, SWEEP_RECORD, _flatten, validate_experiment
 from research.training.metrics import read_history
 from research.training.renamed_keys import RENAMED_KEYS, renamed
+from research.training.validation import check_like, check_shared_values
 
 
-class ProvenanceWarning(UserWarning):
+class RestoreWarning(UserWarning):
+  """What restoring a run warns of (launch.py prints each as one line `warning: ...`)."""
+
+
+class ProvenanceWarning(RestoreWarning):
   """Today's versions or devices differ from those of the restored run's last start."""
+
+
+class UnreadableCheckpointWarning(RestoreWarning):
+  """The latest checkpoint (or several) cannot be read: an earlier one is restored."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,26 +122,29 @@ class Run:
 
 
 def restore(workdir: str | os.PathLike, step: int | None = None) -> Run:
-  """The run in `workdir` at the checkpoint of `step` (None: the latest complete one).
+  """The run in `workdir` at the checkpoint of `step` (None: the latest readable one).
 
   Raises WorkdirError, ConfigError or CheckpointMismatchError, in one line, for what the
   module docstring lists; warns with a ProvenanceWarning when today's versions or devices
-  differ from the run's.
+  differ from the run's, with an UnreadableCheckpointWarning when it passes over unreadable
+  checkpoints.
   """
   workdir = os.fspath(workdir)
-  config = read_config(workdir)
-  experiment = registered(config.experiment, workdir)
+  config, experiment = read_config(workdir)
   directory = os.path.join(workdir, CHECKPOINTS)
   steps = saved_steps(directory)
   if not steps:
     raise WorkdirError(f"workdir {workdir} holds no checkpoint: its run saved none yet")
-  step = steps[-1] if step is None else step
-  if step not in steps:
+  if step is not None and (not isinstance(step, numbers.Integral) or isinstance(step, bool)):
+    raise ConfigError(f"step={step!r} must be an int (None: the latest); workdir {workdir} has "
+                      f"checkpoints of steps {', '.join(map(str, steps))}")
+  step = None if step is None else int(step)
+  if step is not None and step not in steps:
     raise WorkdirError(f"workdir {workdir} has no checkpoint of step {step}; its checkpoints: "
                        f"steps {', '.join(map(str, steps))}")
   model, init, extras = build_model(config, experiment, workdir)
-  like = parallel.MeshStrategy().abstract_state(jax.eval_shape(init, jax.random.key(0)))
-  params = read_params(directory, step, like)
+  like = parallel.MeshStrategy().abstract_state(abstract_params(init, experiment, workdir))
+  step, params, unreadable = read_readable(directory, steps, step, like)
   records = provenance.read(workdir)
   if records:
     changed = provenance.differences(records[-1], {"versions": provenance.versions(),
@@ -118,13 +153,62 @@ def restore(workdir: str | os.PathLike, step: int | None = None) -> Run:
       warnings.warn(f"{workdir} was trained with other versions or devices than these "
                     f"({changed}): outputs may differ from the run's in their last bits",
                     ProvenanceWarning, stacklevel=2)
-  return Run(workdir, step, tuple(steps), config, experiment, model, params, extras,
-             read_history(workdir), records)
+  return Run(workdir, step, tuple(s for s in steps if s not in unreadable), config, experiment,
+             model, params, extras, read_history(workdir), records)
 
 
-def read_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config.json of the run in `workdir`; WorkdirError where there is none or it
-  cannot be read, ConfigError for one written under a key renamed since."""
+def read_readable(directory: str, steps: list[int], step: int | None, like
+                  ) -> tuple[int, Any, list[int]]:
+  """(the step read, its parameters, the steps found unreadable) of the checkpoints of
+  `steps` in `directory`: the checkpoint of `step`, or for None the latest that reads, as
+  training falls back (checkpoints.Checkpoints.restore_latest) but moving nothing aside.
+
+  Warns (UnreadableCheckpointWarning, one line) naming each unreadable checkpoint passed over
+  and the step used; WorkdirError where none reads, or where the checkpoint of `step` does
+  not, naming those that read.
+  """
+  if step is not None:
+    try:
+      return step, read_params(directory, step, like), []
+    except WorkdirError as error:
+      readable = [s for s in reversed(steps) if s != step and _reads(directory, s, like)]
+      raise WorkdirError(f"{error}; " + (f"the checkpoints there that read: step"
+                                         f"{'s' * (len(readable) > 1)} "
+                                         f"{', '.join(map(str, readable))}" if readable else
+                                         "no other checkpoint there reads")) from None
+  failures = []
+  for candidate in reversed(steps):
+    try:
+      params = read_params(directory, candidate, like)
+    except WorkdirError as error:
+      failures.append(str(error))
+      continue
+    if failures:
+      warnings.warn(f"{'; '.join(failures)}; using step {candidate}, the latest checkpoint that "
+                    "reads", UnreadableCheckpointWarning, stacklevel=3)
+    return candidate, params, steps[len(steps) - len(failures):]
+  raise WorkdirError(f"no checkpoint of {directory} reads: {'; '.join(failures)}")
+
+
+def _reads(directory: str, step: int, like) -> bool:
+  """Whether the checkpoint of `step` reads into `like`."""
+  try:
+    read_params(directory, step, like)
+  except (WorkdirError, CheckpointMismatchError):
+    return False
+  return True
+
+
+def read_config(workdir: str) -> tuple[ml_collections.ConfigDict, Experiment]:
+  """(the config.json of the run in `workdir`, its registered experiment): what every reader
+  of a run's config uses (restore, --eval_only, --export).
+
+  The file is read bounded (config.read_config_json, as training reads it too) and checked
+  as a launched config is (`checked_shared`, `checked_by` its experiment). Raises
+  WorkdirError where there is no run or its config.json cannot be read, ConfigError naming
+  config.json and the key for one written under a key renamed since or that today's checks
+  refuse, and `registered`'s errors.
+  """
   if not os.path.isdir(workdir):
     raise WorkdirError(f"workdir {workdir} " + ("is a file, not a run's workdir"
                                                 if os.path.exists(workdir) else "does not exist"))
@@ -134,19 +218,115 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     raise WorkdirError(f"workdir {workdir} holds a sweep ({SWEEP_RECORD}), not a single run: "
                        "restore one of its points" + (f", e.g. {os.path.join(workdir, points[0])}"
                                                       if points else " once one has started"))
+  path = os.path.join(workdir, CONFIG)
   try:
-    value = files.read_json(os.path.join(workdir, CONFIG))
+    value = read_config_json(path)
   except FileNotFoundError:
     raise WorkdirError(f"workdir {workdir} holds no run (no {CONFIG})") from None
   except files.UnreadableFile as error:
     raise WorkdirError(f"workdir {workdir} cannot be restored: {error}") from None
+  except ConfigError as error:
+    raise ConfigError(f"workdir {workdir} cannot be restored: {error}") from None
   flat = _flatten(value)
   for key in sorted(set(flat) & set(RENAMED_KEYS)):
     if RENAMED_KEYS[key][0] not in flat:
       raise ConfigError(f"workdir {workdir} was written with {renamed(key)}: this version "
                         "cannot restore it (its parameters have other names too); restore it "
                         "with the version of the project that wrote it")
-  return ml_collections.ConfigDict(value)
+  refusal = f"workdir {workdir} cannot be restored: {path} does not pass today's checks"
+  with _refused_as(refusal):
+    config, shared = checked_shared(value)
+  experiment = registered(shared.experiment, workdir)
+  with _refused_as(refusal):
+    checked_by(experiment, shared)
+  return config, experiment
+
+
+@contextlib.contextmanager
+def _refused_as(prefix: str):
+  """A ConfigError of the block as one line: `prefix`: its message."""
+  try:
+    yield
+  except ConfigError as error:
+    raise ConfigError(f"{prefix}: {error}") from None
+
+
+# Where a run found its data on the machine that trained it, and the value each is checked
+# with when the run is read back: restoring reads no data, so neither its files nor a place
+# to generate them need be here (--eval_only, which reads the data, checks them as they are).
+DATA_UNREAD = {"data.corpus": "", "data.files": "", "data.stdlib": "",
+               "data.dir": tempfile.gettempdir()}
+
+
+def checked_shared(value: dict) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict]:
+  """(ConfigDict(value), the same with the shared keys a run of an earlier version lacks at
+  their defaults) for a run's config.json `value` whose shared keys have the types
+  config_flags keeps a launched config's in (validation.check_like) and pass its checks
+  (validation.check_shared_values; not whether wandb is installed: restoring logs nothing).
+  ConfigError naming the key otherwise."""
+  check_like(value, base_config())
+  try:
+    config = ml_collections.ConfigDict(value)
+  except (TypeError, ValueError) as error:          # ConfigDict's refusals: a dotted key
+    raise ConfigError(str(error)) from None
+  shared = ml_collections.ConfigDict(_with_defaults(value, base_config().to_dict()))
+  check_shared_values(shared)
+  return config, shared
+
+
+def checked_by(experiment: Experiment, config: ml_collections.ConfigDict) -> None:
+  """The experiment's checks of a launched config (loop.validate_experiment) on a run's
+  config, its DATA_UNREAD keys at their values there; ConfigError naming the key, or the
+  first line of a check that fails on a wrong type. The devices are not checked: a run
+  restores on any."""
+  try:
+    validate_experiment(_data_unread(config), experiment)
+  except ConfigError:
+    raise
+  except (TypeError, ValueError, IndexError) as error:      # a check meeting a wrong type
+    line = (str(error).strip().splitlines() or [""])[0]
+    raise ConfigError(f"today's {experiment.name} checks fail on it ({type(error).__name__}: "
+                      f"{line})") from None
+
+
+def _with_defaults(value: dict, defaults: dict) -> dict:
+  """value (a config as JSON) with the keys of `defaults` it lacks, at any depth."""
+  merged = dict(value)
+  for key, default in defaults.items():
+    if key not in merged:
+      merged[key] = default
+    elif isinstance(default, dict) and isinstance(merged[key], dict):
+      merged[key] = _with_defaults(merged[key], default)
+  return merged
+
+
+def _data_unread(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """config with the keys of DATA_UNREAD it holds as strings at their values there."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key, value in DATA_UNREAD.items():
+    group, _, name = key.rpartition(".")
+    if isinstance(config.get(group), ml_collections.ConfigDict) and isinstance(
+        config[group].get(name), str):
+      config[group][name] = value
+  return config
+
+
+def writable(workdir: str, path: str, kind: str) -> None:
+  """WorkdirError unless this process can create an entry in `workdir` (a file made and
+  gone at once: the filesystem says, whoever the user is) and `path`, where a command will
+  put a `kind` ("file" or "directory"), is none or one; for the commands that write into a
+  restored run's workdir (--eval_only, --export), before they evaluate or compile."""
+  try:
+    with tempfile.TemporaryFile(dir=workdir):
+      pass
+  except OSError as error:
+    raise WorkdirError(f"workdir {workdir} cannot be written ({error.strerror or error}): "
+                       "give a copy of it you can write to") from None
+  other = os.path.isdir(path) if kind == "file" else os.path.lexists(path) and not (
+      os.path.isdir(path) and not os.path.islink(path))
+  if other:
+    raise WorkdirError(f"workdir {workdir}: {path} is in the way (not a {kind}, which this "
+                       "command writes there): move it away")
 
 
 def registered(name: str, workdir: str) -> Experiment:
@@ -179,8 +359,22 @@ def build_model(config, experiment: Experiment, workdir: str):
                          "is built from (a run writes it when it starts; runs of earlier "
                          "versions did not): run its command again to write it") from None
 
-  try:
+  with _as_config_error(experiment, workdir):
     return experiment.build_model(config, read)
+
+
+def abstract_params(init, experiment: Experiment, workdir: str):
+  """The ShapeDtypeStructs of the parameters init(key) makes (jax.eval_shape: nothing is
+  computed), ConfigError as `build_model`'s where today's code fails on the config."""
+  with _as_config_error(experiment, workdir):
+    return jax.eval_shape(init, jax.random.key(0))
+
+
+@contextlib.contextmanager
+def _as_config_error(experiment: Experiment, workdir: str):
+  """A failure of today's code on the run's config (not a UserError) as one ConfigError."""
+  try:
+    yield
   except UserError:
     raise
   except (AttributeError, KeyError, TypeError, ValueError) as error:

@@ -25,6 +25,7 @@ import jax
 
 from research import files
 from research.errors import ConfigError, UserError, WorkdirError
+from research.training import metrics
 from research.training import workdir as workdirs
 from research.training.experiment import Experiment
 from research.training.loop import (
@@ -153,14 +154,14 @@ def _diverged(point_dir: str, error: NonFiniteLossError) -> dict:
   final = {"diverged": str(error)}
   if jax.process_index() == 0:
     os.makedirs(point_dir, exist_ok=True)
-    files.write_json(os.path.join(point_dir, FINAL_METRICS), final)
+    metrics.write_json(os.path.join(point_dir, FINAL_METRICS), final)
   return final
 
 
 def _finished(point_dir: str) -> dict | None:
   """The final metrics of a finished point, None for a point to (re)train."""
   try:
-    return files.read_json(os.path.join(point_dir, FINAL_METRICS))
+    return metrics.read_json(os.path.join(point_dir, FINAL_METRICS))
   except FileNotFoundError:
     return None
   except files.UnreadableFile as error:

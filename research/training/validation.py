@@ -136,7 +136,15 @@ TRAIN_NON_NEGATIVE = ("warmup_steps", "weight_decay", "grad_clip_norm")
 
 
 def check_shared(config) -> None:
-  """The keys of research.training.config.base_config(), checked before any compilation."""
+  """The keys of research.training.config.base_config(), checked before any compilation:
+  their values (`check_shared_values`), and the packages they ask for installed."""
+  check_shared_values(config)
+  wandb_writer.check_installed(config)
+
+
+def check_shared_values(config) -> None:
+  """The values of base_config()'s keys, whatever this machine has installed: what a run's
+  config read back from its workdir must pass too (research.training.run.read_config)."""
   check_positive(config, *(f"train.{k}" for k in TRAIN_POSITIVE))
   check_positive(config, *(f"train.{k}" for k in TRAIN_NON_NEGATIVE), allow_zero=True)
   if "recurrence_learning_rate" in config.train:   # (absent from a config.json before it: 0)
@@ -152,7 +160,6 @@ def check_shared(config) -> None:
   profiling.check(config)
   distributed.check(config)
   check_choice(config, "wandb.mode", wandb_writer.MODES)
-  wandb_writer.check_installed(config)
   check_numbers(config)
 
 
@@ -277,10 +284,42 @@ def apply_overrides(config, overrides: dict) -> ml_collections.ConfigDict:
 
 
 def _check_type(key: str, default, value) -> None:
+  if not _fits(default, value):
+    raise ConfigError(f"config.{key}={value!r} must be of type {type(default).__name__}")
+
+
+def _fits(default, value) -> bool:
+  """Whether `value` may stand where `default` does, as config_flags allows: the same type
+  (a bool not for an int, nor an int for a bool), an int for a float; anything for None."""
   if default is None:
-    return
+    return True
   expected = float if isinstance(default, float) else type(default)
   ok = isinstance(value, expected) and isinstance(value, bool) == isinstance(default, bool)
-  ok |= expected is float and isinstance(value, int) and not isinstance(value, bool)
-  if not ok:
-    raise ConfigError(f"config.{key}={value!r} must be of type {expected.__name__}")
+  return ok or (expected is float and isinstance(value, int) and not isinstance(value, bool))
+
+
+def check_like(value: dict, reference, key: str = "") -> None:
+  """Each key of `reference` (a ConfigDict: base_config()) that `value` (a config as JSON, a
+  run's config.json) holds has its default's type, as a launched config's keys have: a group
+  a JSON object, a float a number, an int an int, a str a str; ConfigError naming the first
+  that has not (its value cut to 60 characters)."""
+  for name, default in reference.items():
+    if name not in value:
+      continue
+    dotted, given = f"{key}.{name}" if key else name, value[name]
+    if isinstance(default, ml_collections.ConfigDict):
+      if not isinstance(given, dict):
+        raise ConfigError(f"config.{dotted}={_shown(given)} must be a group of "
+                          f"keys ({', '.join(default)})")
+      check_like(given, default, dotted)
+    elif not _fits(default, given):
+      raise ConfigError(f"config.{dotted}={_shown(given)} must be of type "
+                        f"{type(default).__name__}")
+
+
+def _shown(value, limit: int = 60) -> str:
+  """repr(value), its two ends where it is longer than `limit` characters."""
+  text = repr(value)
+  if len(text) <= limit:
+    return text
+  return f"{text[:limit // 2]}…{text[-limit // 2:]} ({len(text)} characters)"

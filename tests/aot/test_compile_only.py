@@ -1,6 +1,6 @@
 """Every experiment compiled for hardware this machine does not have (`--compile_only`):
 each default config, the listops `lra` preset in bfloat16, its `s5` and `lru` presets (S5's
-and the LRU's recipes, for an H100 and a v5e) and char_lm's transformer, each
+and the LRU's recipes: S5's for an H100, the rest in the long tier) and char_lm's transformer, each
 for a TPU (one v5e chip, Colab's, or a v4-8 slice: 8 devices, the gradients' all-reduce)
 and where its kernels differ for an H100 (CASES), each holding the kernel the attention
 registry chose for that platform; a sweep, each point into its own directory, or nothing

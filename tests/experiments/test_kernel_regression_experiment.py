@@ -8,10 +8,15 @@ to the constant, which cancels in the normalised weights; so the same h means th
 estimator (checked first below).
 """
 
+import functools
 import json
 import os
+import re
 import sys
 
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from statsmodels.nonparametric import kernels as statsmodels_kernels
@@ -21,7 +26,7 @@ from statsmodels.regression.linear_model import OLS
 from research import experiments
 from research.data import regression_1d as data
 from research.experiments import kernel_regression
-from research.training.loop import train_and_evaluate
+from research.training.loop import config_changes, train_and_evaluate
 from research.training.validation import ConfigError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -147,11 +152,68 @@ def test_linear_regression_equals_statsmodels_ols():
     ({"train.batch_size": 64}, "config.train.batch_size=64 must be <= config.data.num_train=50"),
     ({"experiment": "kernel_regresion"}, "config.experiment='kernel_regresion' is not allowed; choose one "
      "of: .*'kernel_regression'"),
+    ({"model.dtype": "float64"}, "^config.model.dtype='float64' is not allowed; choose one of: "
+     "'float32', 'bfloat16', 'float16'$"),
+    ({"model.dtype": "bf16"}, "^config.model.dtype='bf16' is not allowed; choose one of: "),
 ])
 def test_bad_values_are_named(overrides, message):
   config = apply_overrides(experiment.get_config(), overrides)
   with pytest.raises(ConfigError, match=message):
     experiments.get(config.experiment).validate(config)
+
+
+def _product_dtypes(function, *args) -> set[str]:
+  """The operands' dtypes of every matrix product (dot_general) of function(*args), lowered."""
+  text = jax.jit(function).lower(*args).as_text()
+  operands = re.findall(r"dot_general.*\(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)", text)
+  assert operands, text[-2000:]
+  return {dtype for pair in operands for dtype in pair}
+
+
+@pytest.mark.parametrize("dtype, short", [("float32", "f32"), ("bfloat16", "bf16"),
+                                          ("float16", "f16")])
+def test_model_dtype_is_the_dtype_of_every_weighted_sum_and_the_rest_stays_float32(dtype, short):
+  config = apply_overrides(experiment.get_config(), {"model.dtype": dtype})
+  kernel_regression.validate(config)
+  workload = kernel_regression.build(config)
+  params = workload.init(jax.random.key(0))
+  batch = jax.tree.map(jnp.asarray, next(workload.train_data))
+  test = {"x": jnp.asarray(kernel_regression.make_data(config)["x_test"]),
+          "y": jnp.asarray(kernel_regression.make_data(config)["y_test"])}
+  assert _product_dtypes(workload.loss, params, batch, jax.random.key(1)) == {short}
+  assert _product_dtypes(workload.evaluate, params, test) == {short}
+  arrays = kernel_regression.make_data(config)
+  curves = functools.partial(kernel_regression.bandwidth_curves, kernel="gaussian", dtype=dtype)
+  assert _product_dtypes(curves, *(arrays[k] for k in ("x_train", "y_train", "x_test", "y_test")),
+                         np.array([0.5, 1.0])) == {short}              # the report's too
+  loss, aux = workload.loss(params, batch, jax.random.key(1))
+  assert loss.dtype == jnp.float32 and {v.dtype for v in aux.values()} == {jnp.dtype("float32")}
+  assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype("float32")}
+
+
+def test_a_workdir_written_before_model_dtype_resumes_as_float32():
+  config = experiment.get_config()
+  before = json.loads(config.to_json_best_effort())
+  del before["model"]["dtype"]
+  assert config_changes(before, json.loads(config.to_json_best_effort()), "runs/kr") == ""
+  bfloat16 = json.loads(apply_overrides(config, {"model.dtype": "bfloat16"}).to_json_best_effort())
+  assert config_changes(before, bfloat16, "runs/kr") == ("config.model.dtype 'float32' there, "
+                                                          "'bfloat16' now")
+  old = ml_collections.ConfigDict(before)          # its config.json, restored: float32
+  kernel_regression.validate(old)
+  assert kernel_regression.compute_dtype(old) == "float32"
+
+
+def test_bfloat16_weighted_sums_change_the_estimates_by_bfloat16s_rounding_alone():
+  """The dtype is computed in, not only declared: bfloat16's 8-bit mantissa moves the
+  estimates (relative rounding 2⁻⁸ of values up to ~4), float32's do not."""
+  arrays = kernel_regression.make_data(experiment.get_config())
+  estimates = {dtype: np.asarray(kernel_regression.predict(
+      arrays["x_test"], arrays["x_train"], arrays["y_train"], kernel="gaussian", bandwidth=0.3,
+      dtype=dtype)) for dtype in ("float32", "bfloat16")}
+  assert estimates["bfloat16"].dtype == np.float32
+  difference = np.abs(estimates["bfloat16"] - estimates["float32"])
+  assert 0 < difference.max() < 0.05
 
 
 def test_the_sweep_is_the_default_config_at_seeds_0_to_19():
@@ -189,3 +251,18 @@ def test_a_tiny_run_learns_the_bandwidths_and_reports_every_method(tmp_path):
   assert loo[1] < loo[0]
   with open(os.path.join(workdir, "fit.svg")) as f:
     assert "<svg" in f.read()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_tiny_run_in_a_lower_precision_learns_the_gaussian_bandwidth(tmp_path, dtype):
+  """float16 with dynamic loss scaling (research/training/loss_scale.py): no step skipped."""
+  overrides = {"train.num_steps": 40, "train.learning_rate": 0.1, "train.log_every": 20,
+               "train.eval_every": 40, "train.checkpoint_every": 40, "model.grid_size": 100,
+               "model.dtype": dtype}
+  config = apply_overrides(experiment.get_config(), overrides)
+  final = train_and_evaluate(config, str(tmp_path), experiments.get("kernel_regression"))
+  assert all(np.isfinite(v) for k, v in final.items() if k.startswith(("eval/", "test/")))
+  assert final["test/bandwidth_gaussian_learned"] < 1.0
+  assert final["test/mse_gaussian_learned"] < final["test/mse_gaussian_fixed"]
+  assert final.get("train/skipped_steps", 0) == 0

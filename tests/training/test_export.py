@@ -9,6 +9,7 @@ back with the safetensors package and compared with flax's own flattening of the
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ from safetensors.numpy import load_file
 
 from research import experiments
 from research.data.text import BOS, EOS, tokenize
-from research.errors import ConfigError
+from research.errors import ConfigError, WorkdirError
 from research.experiments import registry
 from research.models.decoding import greedy_decode
 from research.training import export, restore
@@ -224,3 +225,111 @@ def test_an_experiment_without_inference_is_refused_before_anything_is_written(
                                 "registered without inference: register it with one to export "
                                 "its runs")
   assert tiny.files_under(workdir) == before
+
+
+# A killed export (issue 45): a child process exports the kernel_regression run, for the CPU
+# alone, and stops or kills itself at one point of `publish`.
+KILLED = """
+import os, signal, sys
+from research.training import export
+
+workdir, point = sys.argv[1], sys.argv[2]
+halt = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGSTOP if point == "writing"
+                                       else signal.SIGKILL)
+if point == "writing":                               # stopped, then killed, by the test
+  export.save_file = halt
+elif point == "after the exchange":
+  exchange = export._exchange
+  export._exchange = lambda first, second: exchange(first, second) and halt()
+else:                                                # where no exchange is possible
+  export._exchange = lambda first, second: False
+  rename = os.rename
+
+  def renaming(source, target):
+    rename(source, target)
+    if target.endswith(export.OLD):
+      halt()
+
+  os.rename = renaming
+export.export_run(workdir, platforms=("cpu",))
+"""
+
+
+def _leftovers(workdir: str) -> list[str]:
+  return sorted(name for name in os.listdir(workdir) if name.startswith(".export_step_"))
+
+
+def _is_old(directory: str) -> bool:
+  """Whether `directory` is the export the test marked before the killed one."""
+  return os.path.exists(os.path.join(directory, "old"))
+
+
+@pytest.mark.parametrize("point", ["writing", "after the exchange", "between the two renames"])
+def test_a_killed_export_leaves_the_old_or_the_new_and_the_next_export_cleans_up(
+    point, exported, tmp_path, monkeypatch):
+  """At each point a kill leaves the old export or the new one whole at export_step_5 (but
+  between the two renames of a filesystem without an exchange: the old one aside, which the
+  next export puts back); a live export's temporary is neither removed nor written over by
+  another export; the next export removes what the dead one left, and only that."""
+  run = exported["kernel_regression"][0]
+  workdir = str(tmp_path / "run")
+  shutil.copytree(run.workdir, workdir)
+  directory = os.path.join(workdir, "export_step_5")
+  (tmp_path / "run" / "export_step_5" / "old").write_text("the export before")
+  mine = [".export_step_5.notes", ".export_step_5.abcdefgh.kept"]   # not an export's names
+  os.makedirs(os.path.join(workdir, mine[0]))
+  (tmp_path / "run" / mine[1]).write_text("mine")
+  child = subprocess.Popen([sys.executable, "-c", KILLED, workdir, point],
+                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, stderr=subprocess.PIPE)
+  if point == "writing":
+    _, status = os.waitpid(child.pid, os.WUNTRACED)       # stopped with its temporary open
+    assert os.WIFSTOPPED(status), child.stderr.read()[-3000:]
+    (temporary,) = [name for name in _leftovers(workdir) if name not in mine]
+    monkeypatch.setattr(export, "export_programs", _unreachable)
+    with pytest.raises(WorkdirError) as refused:
+      export.export_run(workdir)
+    assert str(refused.value) == (f"workdir {workdir} is being exported by another live "
+                                  "process: wait for it to end, then export again")
+    assert temporary in _leftovers(workdir)
+    monkeypatch.undo()
+    child.kill()
+  assert child.wait(timeout=600) == -signal.SIGKILL, child.stderr.read()[-3000:]
+  child.stderr.close()
+
+  left = [name for name in _leftovers(workdir) if name not in mine]
+  if point == "between the two renames":
+    assert not os.path.exists(directory)
+    (old,) = [name for name in left if name.endswith(".old")]
+    assert _is_old(os.path.join(workdir, old))
+  else:
+    assert _is_old(directory) == (point == "writing")
+    assert sorted(os.listdir(directory)) == sorted(
+        ["params.safetensors", "inference.jax_exported", "metadata.json"]
+        + ["old"] * _is_old(directory))
+    assert len(left) == 1 and _is_old(os.path.join(workdir, left[0])) == (point != "writing")
+  with export.exporting(workdir):
+    assert export.remove_dead_exports(workdir) == sorted(left)
+  assert _leftovers(workdir) == sorted(mine)
+  assert _is_old(directory) == (point != "after the exchange")
+  assert export.export_run(workdir, platforms=("cpu",))[0] == directory
+  assert not _is_old(directory) and _leftovers(workdir) == sorted(mine)
+  assert tiny.read_json(os.path.join(directory, "metadata.json"))["step"] == STEP
+
+
+def test_a_second_export_removes_what_a_killed_one_left(exported, tmp_path):
+  """The next export itself (not only remove_dead_exports) cleans up, and puts an old export
+  left aside back before it replaces it."""
+  run = exported["kernel_regression"][0]
+  workdir = str(tmp_path / "run")
+  shutil.copytree(run.workdir, workdir)
+  os.rename(os.path.join(workdir, "export_step_5"),
+            os.path.join(workdir, ".export_step_5.k1ll3d_x.old"))
+  os.makedirs(os.path.join(workdir, ".export_step_5.k1ll3d_x", "partial"))
+  os.makedirs(os.path.join(workdir, ".export_step_3.a0000000"))
+  directory, _ = export.export_run(workdir, platforms=("cpu",))
+  assert _leftovers(workdir) == [] and sorted(os.listdir(directory)) == [
+      "inference.jax_exported", "metadata.json", "params.safetensors"]
+
+
+def _unreachable(*args, **kwargs):
+  raise AssertionError("a refused export went on to compile")

@@ -151,7 +151,7 @@ def _unreachable(*args, **kwargs):
 @pytest.mark.parametrize("case", ["under a file", "a live run's", "report is a directory",
                                   "sweep point is a file", "checkpoints of another config",
                                   "a run under a renamed key", "a single run, for a sweep",
-                                  "a sweep's root, for a single run"])
+                                  "a sweep's root, for a single run", "a config.json too deep"])
 def test_a_workdir_compile_only_cannot_use_is_refused_before_compiling_left_as_found(
     case, tmp_path, monkeypatch):
   """The workdir rules of a training run (one wrote compile_report.json into a finished run
@@ -172,6 +172,11 @@ def test_a_workdir_compile_only_cannot_use_is_refused_before_compiling_left_as_f
     other["model"]["dropout"] = other["model"].pop("dropout_rate")
     tiny.write_json(f"{workdir}/config.json", other)
     message = f"workdir {workdir} was written with config.model.dropout, now called"
+  elif case == "a config.json too deep":       # read as every reader of a config.json reads it
+    os.makedirs(workdir)
+    (tmp_path / "run" / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    message = (f"workdir {workdir} cannot be resumed: {workdir}/config.json nests its groups "
+               "deeper than the JSON parser reads")
   elif case == "a single run, for a sweep":
     points = [{"model.hidden_size": 8}, {"model.hidden_size": 16}]
     tiny.write_json(f"{workdir}/config.json", config.to_dict())

@@ -1,6 +1,9 @@
 """--config.model.dtype=float16: dynamic loss scaling (research/training/loss_scale.py) in the
 train step, against a float32 reference gradient, flax's DynamicScale and optax's
-apply_if_finite; float32 and bfloat16 runs keep the bare optimizer."""
+apply_if_finite; float32 and bfloat16 runs keep the bare optimizer; a skipped step's
+non-finite metrics written as valid JSON."""
+
+import json
 
 import flax.linen as nn
 import jax
@@ -11,7 +14,7 @@ import pytest
 import tiny
 from flax.training.dynamic_scale import DynamicScale
 
-from research.training import loss_scale
+from research.training import loss_scale, metrics
 from research.training.checkpoints import Checkpoints
 from research.training.config import base_config
 from research.training.experiment import Workload
@@ -199,3 +202,32 @@ def test_a_float16_run_logs_its_scale_and_skips_and_checkpoints_them(tmp_path):
   assert restored.step == 20
   assert (float(restored.state.opt_state.scale), int(restored.state.opt_state.skipped_steps),
           int(restored.state.opt_state.finite_steps)) == (2.0**12, 3, 7)
+
+
+def _strict(text: str):
+  """json.loads as RFC 8259 reads it: NaN, Infinity and -Infinity are no JSON."""
+  def refuse(token):
+    raise ValueError(f"{token} is not JSON")
+  return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.slow
+def test_a_float16_runs_skipped_steps_write_valid_json_read_back_as_non_finite(tmp_path):
+  """A skipped step's gradient norm is inf or NaN: the window's mean of train/grad_norm
+  (logged at steps 10 and 20) and final_metrics.json hold it, as the string "inf" or "nan"."""
+  config = tiny.config(**{"model.dtype": "float16", "train.num_steps": 20,
+                          "train.checkpoint_every": 20, "train.eval_every": 20})
+  final = train_and_evaluate(config, str(tmp_path), _spiked({3, 12}))
+  strict = [_strict(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  logged = [r["train/grad_norm"] for r in strict if "train/grad_norm" in r]
+  assert len(logged) == 2 and set(logged) <= {"inf", "nan"}, logged
+  written = _strict((tmp_path / "final_metrics.json").read_text())
+  assert written["train/grad_norm"] == logged[-1] and not np.isfinite(final["train/grad_norm"])
+  read = metrics.read_json(str(tmp_path / "final_metrics.json"))        # the round trip
+  assert read.keys() == final.keys()
+  for key, value in final.items():
+    assert read[key] == value or (np.isnan(value) and np.isnan(read[key])), key
+  history = metrics.read_history(str(tmp_path))
+  norms = [r["train/grad_norm"] for r in history if "train/grad_norm" in r]
+  assert [str(norm) for norm in norms] == logged           # str(inf) == "inf": the same spelling
+  assert all(np.isfinite(r["train/loss"]) for r in history if "train/loss" in r)

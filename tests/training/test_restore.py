@@ -13,6 +13,7 @@ import subprocess
 import sys
 import warnings
 
+import forked_launch
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +28,7 @@ from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.eval_only import evaluate_checkpoint
 from research.training.experiment import Report
+from research.training.run import UnreadableCheckpointWarning
 from research.training.train_step import init_state, make_optimizer
 from research.training.validation import apply_overrides
 
@@ -362,3 +364,278 @@ def test_a_run_on_8_devices_restores_on_1_and_a_run_on_1_on_8(trained, tmp_path)
   for key, value in _leaves(one.params).items():
     assert np.array_equal(on_eight[key], value), key
   assert np.array_equal(on_eight["predictions"], _predictions(one))
+
+
+# Issue 45: a config.json read back, an unreadable checkpoint, a workdir that cannot be written.
+
+def _copy(trained, tmp_path) -> str:
+  """A copy of the trained kernel_regression run (checkpoints at steps 2 and 4)."""
+  workdir = str(tmp_path / "copy")
+  shutil.copytree(trained[0], workdir)
+  return workdir
+
+
+def _nested(depth: int):
+  """A JSON value of `depth` groups, one inside the other: {"a": {"a": ... 1}}."""
+  value = 1
+  for _ in range(depth):
+    value = {"a": value}
+  return value
+
+
+# case: (how config.json is edited: a function of its JSON, or its whole text; what the
+# refusal says after "config.json does not pass today's checks: ", or after "config.json ")
+EDITS = {
+    "an experiment's value": (lambda c: c["model"].update(kernels="bogus"),
+                              "does not pass today's checks: config.model.kernels='bogus': "
+                              "'bogus' is not allowed"),
+    "a shared key's type": (lambda c: c["train"].update(batch_size="16"),
+                            "does not pass today's checks: config.train.batch_size='16' must be "
+                            "of type int"),
+    "a float for an int": (lambda c: c["train"].update(num_steps=4.5),
+                           "does not pass today's checks: config.train.num_steps=4.5 must be of "
+                           "type int"),
+    "a bool for an int": (lambda c: c["train"].update(log_every=True),
+                          "does not pass today's checks: config.train.log_every=True must be of "
+                          "type int"),
+    "a value for a group": (lambda c: c.update(train=[16]),
+                            "does not pass today's checks: config.train=[16] must be a group of "
+                            "keys (adam_b2, batch_size, checkpoint_every"),
+    "a number for an address": (lambda c: c["distributed"].update(coordinator_address=5),
+                                "does not pass today's checks: "
+                                "config.distributed.coordinator_address=5 must be of type str"),
+    "a shared value out of range": (lambda c: c["train"].update(adam_b2=1.5),
+                                    "does not pass today's checks: config.train.adam_b2=1.5 must "
+                                    "be in [0, 1)"),
+    "a negative seed": (lambda c: c.update(seed=-1),
+                        "does not pass today's checks: config.seed=-1 must be in 0 … "),
+    "an experiment key's type": (lambda c: c["model"].update(grid_size="1000"),
+                                 "does not pass today's checks: config.model.grid_size='1000' "
+                                 "must be a number > 0"),
+    "a dotted key": (lambda c: c["model"].update({"grid.size": 1}),
+                     "does not pass today's checks: ConfigDict does not accept dots in field "
+                     "names"),
+    "a NaN": ('{"experiment": "kernel_regression", "train": {"learning_rate": NaN}}',
+              "does not pass today's checks: config.train.learning_rate=nan must be a finite "
+              "number"),
+    "nested 40 deep": (lambda c: c["data"].update(extra=_nested(40)),
+                       "nests its groups more than 16 levels deep, at 'config.data.extra.a.a."),
+    "nested 100 000 deep": ('{"a":' * 100_000 + "1" + "}" * 100_000,
+                            "nests its groups deeper than the JSON parser reads"),
+    "a list nested 100 000 deep": ("[" * 100_000 + "]" * 100_000,
+                                   "nests its groups deeper than the JSON parser reads"),
+    "larger than any config": (lambda c: c.update(notes="x" * 2**21), "holds 2"),
+}
+
+
+def _edit(workdir: str, edit) -> None:
+  path = os.path.join(workdir, "config.json")
+  if isinstance(edit, str):
+    with open(path, "w") as f:
+      f.write(edit)
+    return
+  config = tiny.read_json(path)
+  edit(config)
+  tiny.write_json(path, config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", EDITS)
+def test_a_config_json_edited_by_hand_is_refused_by_every_reader_naming_it_and_the_key(
+    case, trained, tmp_path, monkeypatch):
+  """restore, --eval_only's evaluate_checkpoint and --export's export_run read config.json in
+  one place and refuse it alike, in one line, before anything is built or written."""
+  from research.training import eval_only, export  # noqa: PLC0415
+
+  workdir = _copy(trained, tmp_path)
+  edit, message = EDITS[case]
+  _edit(workdir, edit)
+  monkeypatch.setattr(eval_only, "compiled_eval_step", _unreachable)
+  monkeypatch.setattr(export, "export_programs", _unreachable)
+  before = tiny.files_under(workdir)
+  refusals = set()
+  for reader in (restore, eval_only.evaluate_checkpoint, export.export_run):
+    with pytest.raises(ConfigError) as refused:
+      reader(workdir)
+    refusals.add(str(refused.value))
+  (refusal,) = refusals
+  assert refusal.startswith(f"workdir {workdir} cannot be restored: {workdir}/config.json "
+                            f"{message}"), refusal
+  if case == "larger than any config":
+    size = os.path.getsize(os.path.join(workdir, "config.json"))
+    assert f" holds {size} bytes, more than a run's config ({2**20} at most)" in refusal
+  assert "\n" not in refusal
+  assert tiny.files_under(workdir) == before
+
+
+def _unreachable(*args, **kwargs):
+  raise AssertionError("a refused command went on to compile")
+
+
+@pytest.mark.slow
+def test_a_config_json_of_an_earlier_version_restores_its_missing_shared_keys_at_their_defaults(
+    trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  config = tiny.read_json(os.path.join(workdir, "config.json"))
+  del config["wandb"], config["train"]["recurrence_learning_rate"], config["train"]["schedule"]
+  config["train"]["learning_rate"] = 1                  # an int where a float is: as a flag
+  tiny.write_json(os.path.join(workdir, "config.json"), config)
+  run = restore(workdir)
+  assert run.config.to_dict() == config and run.step == 4
+
+
+@pytest.mark.slow
+def test_where_the_data_was_need_not_be_here_to_restore_but_to_evaluate(nmt_workdir, tmp_path):
+  """data.corpus names a file on the machine that trained the run: restoring reads no data,
+  --eval_only reads it and checks it as a launched config's."""
+  workdir = str(tmp_path / "copy")
+  shutil.copytree(nmt_workdir[0], workdir)
+  config = tiny.read_json(os.path.join(workdir, "config.json"))
+  config["data"]["corpus"] = missing = str(tmp_path / "elsewhere" / "dates.tsv")
+  tiny.write_json(os.path.join(workdir, "config.json"), config)
+  assert restore(workdir).config.data.corpus == missing
+  before = tiny.files_under(workdir)
+  with pytest.raises(ConfigError, match=f"config.data.corpus='{missing}' is not a file"):
+    evaluate_checkpoint(workdir)
+  assert tiny.files_under(workdir) == before
+
+
+def _corrupt(workdir: str, step: int, arrays_only: bool) -> None:
+  """Cuts to nothing every file of the state of the checkpoint of `step`, or only its array
+  data (its metadata still reads: the read itself fails), as tests/training/test_loop.py."""
+  for root, _, names in os.walk(os.path.join(workdir, "checkpoints", str(step), "state")):
+    for name in names:
+      if not arrays_only or os.sep + "d" in root:
+        open(os.path.join(root, name), "w").close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arrays_only", [False, True], ids=["metadata", "arrays"])
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_latest_that_reads_as_training_does(
+    arrays_only, trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  _corrupt(workdir, 4, arrays_only)
+  before = tiny.files_under(workdir)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  with pytest.warns(UnreadableCheckpointWarning) as warned:
+    run = restore(workdir)
+  (message,) = [str(w.message) for w in warned if w.category is UnreadableCheckpointWarning]
+  assert message.startswith(f"the checkpoint at step 4 in {checkpoints} cannot be read (")
+  assert message.endswith("; using step 2, the latest checkpoint that reads")
+  assert "\n" not in message
+  assert (run.step, run.steps) == (2, (2,))
+  _assert_bitwise_equal(run.params, restore(trained[0], step=2).params)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", UnreadableCheckpointWarning)
+    assert restore(workdir, step=2).step == 2                 # asked for: no warning
+
+  with pytest.raises(WorkdirError) as refused:
+    restore(workdir, step=4)
+  assert str(refused.value).startswith(f"the checkpoint at step 4 in {checkpoints} cannot be "
+                                       "read (")
+  assert str(refused.value).endswith("; the checkpoints there that read: step 2")
+  _corrupt(workdir, 2, arrays_only)
+  with pytest.raises(WorkdirError) as refused:
+    restore(workdir)
+  assert str(refused.value).startswith(f"no checkpoint of {checkpoints} reads: the checkpoint "
+                                       f"at step 4 in {checkpoints} cannot be read (")
+  assert f"; the checkpoint at step 2 in {checkpoints} cannot be read (" in str(refused.value)
+  with pytest.raises(WorkdirError, match="; no other checkpoint there reads$"):
+    restore(workdir, step=4)
+  after = tiny.files_under(workdir)                 # nothing moved aside, nothing written
+  assert after.keys() == before.keys()
+  assert {k: v for k, v in after.items() if "/2/state/" not in k} == {
+      k: v for k, v in before.items() if "/2/state/" not in k}
+
+
+@pytest.mark.slow
+def test_eval_only_and_export_refuse_a_workdir_they_cannot_write_before_compiling(
+    trained, tmp_path, monkeypatch):
+  from research.training import eval_only, export  # noqa: PLC0415
+
+  monkeypatch.setattr(eval_only, "compiled_eval_step", _unreachable)
+  monkeypatch.setattr(export, "export_programs", _unreachable)
+  workdir = _copy(trained, tmp_path)
+  before = tiny.files_under(workdir)
+  with tiny.unwritable(workdir):
+    for command in (eval_only.evaluate_checkpoint, export.export_run):
+      with pytest.raises(WorkdirError) as refused:
+        command(workdir)
+      assert str(refused.value).startswith(f"workdir {workdir} cannot be written (")
+  assert tiny.files_under(workdir) == before
+  for name in ("eval_step_4.json", "export_step_4"):     # (another test's, in the copy)
+    shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+    if os.path.exists(os.path.join(workdir, name)):
+      os.remove(os.path.join(workdir, name))
+  os.makedirs(os.path.join(workdir, "eval_step_4.json"))
+  (tmp_path / "copy" / "export_step_4").write_text("mine")
+  for command, path, kind in ((eval_only.evaluate_checkpoint, "eval_step_4.json", "file"),
+                              (export.export_run, "export_step_4", "directory")):
+    with pytest.raises(WorkdirError) as refused:
+      command(workdir)
+    assert str(refused.value) == (f"workdir {workdir}: {workdir}/{path} is in the way (not a "
+                                  f"{kind}, which this command writes there): move it away")
+
+
+@pytest.mark.slow
+def test_launch_reads_a_workdir_back_in_one_line_each(trained, tmp_path):
+  """launch.py --eval_only and --export: a config.json edited by hand refused in one line,
+  exit 2, nothing compiled or written; an unreadable latest checkpoint passed over with one
+  line `warning: ...`, an unreadable --step refused naming the step that reads."""
+  root = str(tmp_path)
+  edited = {}
+  for case in ("an experiment's value", "nested 100 000 deep", "a shared key's type"):
+    edited[case] = os.path.join(root, case.replace(" ", "_").replace("'", ""))
+    shutil.copytree(trained[0], edited[case])
+    _edit(edited[case], EDITS[case][0])
+  corrupt = _copy(trained, tmp_path)
+  _corrupt(corrupt, 4, arrays_only=True)
+  commands = {f"{case} {flag}": [f"--workdir={workdir}", f"--{flag}"]
+              for case, workdir in edited.items() for flag in ("eval_only", "export")}
+  commands |= {"fallback eval_only": [f"--workdir={corrupt}", "--eval_only"],
+               "fallback export": [f"--workdir={corrupt}", "--export"],
+               "unreadable step": [f"--workdir={corrupt}", "--export", "--step=4"]}
+  output = os.path.join(root, "output")
+  os.makedirs(output)
+  before = {workdir: tiny.files_under(workdir) for workdir in edited.values()}
+  results = forked_launch.run_all(commands, output)
+  for case, workdir in edited.items():
+    for flag in ("eval_only", "export"):
+      status, stdout, stderr = results[f"{case} {flag}"]
+      assert status == 2 and not stdout, (case, flag, stderr[-2000:])
+      (line,) = stderr.strip().splitlines()               # JAX logs every compile: none
+      assert line.startswith(f"error: workdir {workdir} cannot be restored: {workdir}/config.json "
+                             f"{EDITS[case][1]}"), line
+    assert tiny.files_under(workdir) == before[workdir]
+  checkpoints = os.path.join(corrupt, "checkpoints")
+  for flag, written in (("eval_only", "eval_step_2.json"), ("export", "export_step_2")):
+    status, stdout, stderr = results[f"fallback {flag}"]
+    assert status == 0, stderr[-2000:]
+    (line,) = [line for line in stderr.splitlines() if "checkpoint" in line]
+    assert line.startswith(f"warning: the checkpoint at step 4 in {checkpoints} cannot be read")
+    assert line.endswith("; using step 2, the latest checkpoint that reads")
+    assert os.path.exists(os.path.join(corrupt, written)), stdout
+  (record,) = [r for r in tiny.records(corrupt) if r["step"] == 2 and "eval/loss" in r]
+  evaluated = tiny.read_json(os.path.join(corrupt, "eval_step_2.json"))
+  assert {k: v for k, v in evaluated.items() if not k.startswith("test/")} == pytest.approx(
+      record, rel=1e-6, abs=1e-7)
+  status, _, stderr = results["unreadable step"]
+  assert status == 2
+  (line,) = stderr.strip().splitlines()
+  assert line.startswith(f"error: the checkpoint at step 4 in {checkpoints} cannot be read (")
+  assert line.endswith("; the checkpoints there that read: step 2")
+
+
+@pytest.mark.parametrize("case", ["/dev/zero", "a directory"])
+def test_a_config_json_that_is_no_file_is_refused_without_reading_it(case, tmp_path):
+  """An endless device (read whole, it would never end) or a directory: refused, unread."""
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  path = os.path.join(workdir, "config.json")
+  if case == "/dev/zero":
+    os.symlink("/dev/zero", path)
+  else:
+    os.makedirs(path)
+  with pytest.raises(WorkdirError) as refused:
+    restore(workdir)
+  assert str(refused.value) == f"workdir {workdir} cannot be restored: {path} is not a file"

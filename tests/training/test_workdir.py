@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import tiny
 
 from research.errors import WorkdirError
 from research.training import workdir
@@ -104,3 +105,76 @@ def test_a_lock_file_removed_between_open_and_lock_is_opened_again(tmp_path, mon
     with pytest.raises(WorkdirError, match="in use by a live run"):
       with workdir.hold(str(tmp_path)):
         pass
+
+
+@pytest.mark.parametrize("found", [b"pid 4242 on host-a, since 2026-01-02 03:04:05\n", b"",
+                                   b"\xff\xfe not UTF-8, no newline", None])
+def test_a_refused_run_leaves_the_lock_file_as_it_found_it_byte_for_byte(tmp_path, found):
+  """A finished run's lock (the probe's case), an empty one, bytes no run writes, none."""
+  path = tmp_path / workdir.LOCK_FILE
+  if found is not None:
+    path.write_bytes(found)
+    os.utime(path, ns=(1_000_000_000, 2_000_000_000))
+  with pytest.raises(Refused), workdir.hold(str(tmp_path)):
+    assert path.read_text().startswith(f"pid {os.getpid()} on ")      # held: it names us
+    raise Refused
+  if found is None:
+    assert not path.exists()
+  else:
+    assert path.read_bytes() == found
+    assert os.stat(path).st_mtime_ns == 2_000_000_000
+  assert os.listdir(tmp_path) == ([] if found is None else [workdir.LOCK_FILE])
+
+
+def test_a_started_run_keeps_its_own_lock_file(tmp_path):
+  (tmp_path / workdir.LOCK_FILE).write_text("pid 4242 on host-a\n")
+  with pytest.raises(Refused), workdir.hold(str(tmp_path)) as lease:
+    lease.start()
+    raise Refused                                   # failed after it started: it wrote there
+  assert (tmp_path / workdir.LOCK_FILE).read_text().startswith(f"pid {os.getpid()} on ")
+
+
+@pytest.mark.parametrize("lock_there", [False, True])
+def test_a_workdir_that_takes_no_new_file_is_refused_and_left_as_found(tmp_path, lock_there):
+  """An earlier run's writable run.lock in it opens as before: the probe file finds it."""
+  run = tmp_path / "run"
+  run.mkdir()
+  if lock_there:
+    (run / workdir.LOCK_FILE).write_text("pid 4242 on host-a\n")
+  before = tiny.files_under(str(run))
+  with tiny.unwritable(str(run)):
+    with pytest.raises(WorkdirError, match=rf"^workdir {run} cannot be written \(.+\); make it "
+                       "writable or give a directory you can write to with --workdir$"):
+      with workdir.hold(str(run)):
+        pass
+  assert tiny.files_under(str(run)) == before
+
+
+@pytest.mark.parametrize("name, kind", [("checkpoints", "directory"), ("tensorboard", "directory"),
+                                        ("metrics.jsonl", "file"), ("config.json", "file")])
+def test_an_entry_the_run_writes_that_cannot_be_written_is_named(tmp_path, name, kind):
+  path = tmp_path / name
+  if kind == "directory":
+    path.mkdir()
+    (path / "20").mkdir()
+  else:
+    path.write_text("{}\n")
+  before = tiny.files_under(str(tmp_path))
+  with tiny.unwritable(str(path)):
+    with pytest.raises(WorkdirError, match=rf"^workdir {tmp_path} cannot be written: {path} \("):
+      workdir.check_entries(str(tmp_path), files=("config.json", "metrics.jsonl"),
+                            directories=("checkpoints", "tensorboard"))
+  assert tiny.files_under(str(tmp_path)) == before
+
+
+def test_a_writable_workdir_passes_and_keeps_no_probe(tmp_path):
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+  before = tiny.files_under(str(tmp_path))
+  with workdir.hold(str(tmp_path)):
+    workdir.check_entries(str(tmp_path), files=("metrics.jsonl", "final_metrics.json"),
+                          directories=("checkpoints", "tensorboard"))
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "metrics.jsonl", workdir.LOCK_FILE]
+    assert os.listdir(tmp_path / "checkpoints") == []
+  assert {k: v for k, v in tiny.files_under(str(tmp_path)).items()
+          if k != workdir.LOCK_FILE} == before

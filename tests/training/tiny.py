@@ -1,11 +1,14 @@
 """A tiny sequence_tasks config shared by the runtime tests: seconds per run on 2 cores."""
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "experiments", "sequence_tasks.py") + ":task=adding,model=lstm"
@@ -121,3 +124,42 @@ def wait_for_checkpoint(workdir: str, step: int, process: subprocess.Popen, time
   """Blocks until the checkpoint of `step` is complete (Orbax renamed its directory)."""
   _wait(lambda: os.path.isdir(os.path.join(workdir, "checkpoints", str(step))),
         f"complete checkpoint of step {step}", process, timeout)
+
+
+@contextlib.contextmanager
+def unwritable(path: str):
+  """`path` (a directory or a file) made unwritable for this process while the block runs,
+  as a user makes it: immutable (`chattr +i`) for root, whom permissions do not stop, else
+  read-only. Checked for real first (the test is skipped where it cannot be done)."""
+  if os.geteuid() == 0:
+    made = subprocess.run(["chattr", "+i", path], capture_output=True, text=True)
+    undo = ["chattr", "-i", path]
+    if made.returncode != 0:
+      pytest.skip(f"chattr +i is refused here: {made.stderr.strip()}")
+  else:
+    mode = os.stat(path).st_mode
+    os.chmod(path, mode & ~0o222)
+    undo = None
+  try:
+    if _writable(path):
+      pytest.skip(f"{path} stays writable for this process")
+    yield path
+  finally:
+    if undo is not None:
+      subprocess.run(undo, check=True)
+    else:
+      os.chmod(path, mode)
+
+
+def _writable(path: str) -> bool:
+  """Whether a file can be made in the directory `path`, or the file `path` opened to append."""
+  try:
+    if os.path.isdir(path):
+      probe = os.path.join(path, ".tiny-probe")
+      os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+      os.remove(probe)
+    else:
+      os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+  except OSError:
+    return False
+  return True
