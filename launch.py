@@ -429,6 +429,9 @@ def main(work: Callable[[], None], verbose: bool, arguments: list[str]) -> None:
     fail(2, f"error: {error}", verbose)
   except RunFailed as error:
     fail(1, f"error: {error}", verbose)
+  except Interrupted as error:   # a second Ctrl-C, or one outside the loop: at once
+    ignore_interrupts()
+    end_at_once(130, str(error))
   except Stopped as error:
     ignore_interrupts()
     thread_failures.ending(130 if error.signum == signal.SIGINT else 0)
@@ -438,6 +441,16 @@ def main(work: Callable[[], None], verbose: bool, arguments: list[str]) -> None:
     ignore_interrupts()
     fail(130, interrupted(), verbose)
   thread_failures.ending(0)
+
+
+def end_at_once(status: int, message: str) -> None:
+  """Prints `message` and ends the process without waiting for the libraries' threads (a
+  checkpoint write a second Ctrl-C cut short: what it wrote is under a temporary name, never
+  read as a checkpoint), as the user asked by pressing Ctrl-C again."""
+  thread_failures.ending(status)
+  print(message, file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(status)
 
 
 def ignore_interrupts() -> None:

@@ -449,12 +449,17 @@ def _from_json(rows: list[dict]) -> list[dict]:
 
 @contextlib.contextmanager
 def _closing(checkpoints: Checkpoints, progress: Progress, writer: MetricsWriter):
-  """Closes the loop's writers; after a failure, their own errors do not hide the first."""
+  """Closes the loop's writers; after a failure, their own errors do not hide the first.
+
+  A second Ctrl-C (KeyboardInterrupt) stops at once: a checkpoint still being written is not
+  waited for (the interrupt may have landed inside Orbax's save, whose wait could then never
+  return); Orbax writes it under a temporary name, so an unfinished one is never taken for a
+  checkpoint, and `Interrupted` names the latest complete one."""
   closers = (checkpoints.close, progress.close, writer.close)
   try:
     yield
-  except BaseException:
-    for close in closers:
+  except BaseException as error:
+    for close in closers[isinstance(error, KeyboardInterrupt):]:
       with contextlib.suppress(Exception):
         close()
     raise
