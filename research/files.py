@@ -104,6 +104,22 @@ def _open_lock(path: str, shared: bool) -> IO | None:
     return None
 
 
+class ProbeLeft(OSError):
+  """write_probe's file was made but could not be removed (an append-only directory)."""
+
+
+def write_probe(directory: str | os.PathLike) -> None:
+  """Creates and removes a file in `directory`: whether it can be written, for real (the
+  filesystem decides, whoever the user is: root passes permission bits, not an immutable
+  flag). OSError if the file cannot be made; ProbeLeft, naming it, if it stays there."""
+  probe = os.path.join(directory, f".write-probe.{os.getpid()}.{secrets.token_hex(4)}")
+  os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+  try:
+    os.remove(probe)
+  except OSError as error:
+    raise ProbeLeft(error.errno, error.strerror, probe) from None
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
   """`text` as UTF-8 into `path`, atomically."""
   with atomic_write(path, "w", encoding="utf-8") as f:

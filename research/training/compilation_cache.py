@@ -16,11 +16,11 @@ it cannot be made or written (a read-only home), leaves the cache off without a 
 """
 
 import os
-import secrets
 
 import jax
 
 from research.errors import ConfigError
+from research.files import write_probe
 
 DEFAULT_DIRECTORY = os.path.join(os.environ.get("XDG_CACHE_HOME") or
                                  os.path.join(os.path.expanduser("~"), ".cache"),
@@ -69,11 +69,9 @@ def unusable(directory: str) -> str | None:
   None where it can: it is made if missing, and a probe file created and removed in it."""
   if os.path.exists(directory) and not os.path.isdir(directory):
     return "not a directory"
-  probe = os.path.join(directory, f".write-probe.{os.getpid()}.{secrets.token_hex(4)}")
   try:
     os.makedirs(directory, exist_ok=True)
-    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    os.remove(probe)
+    write_probe(directory)
   except OSError as error:
     return f"cannot be written ({error.strerror or error})"
   return None

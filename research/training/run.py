@@ -317,8 +317,7 @@ def writable(workdir: str, path: str, kind: str) -> None:
   put a `kind` ("file" or "directory"), is none or one; for the commands that write into a
   restored run's workdir (--eval_only, --export), before they evaluate or compile."""
   try:
-    with tempfile.TemporaryFile(dir=workdir):
-      pass
+    files.write_probe(workdir)
   except OSError as error:
     raise WorkdirError(f"workdir {workdir} cannot be written ({error.strerror or error}): "
                        "give a copy of it you can write to") from None

@@ -26,13 +26,13 @@ import datetime
 import errno
 import fcntl
 import os
-import secrets
 import socket
 from collections.abc import Callable, Iterator
 
 import jax
 
 from research.errors import WorkdirError
+from research.files import ProbeLeft, write_probe
 
 LOCK_FILE = "run.lock"
 
@@ -203,16 +203,13 @@ def check_writable(workdir: str, files: tuple[str, ...] = (),
 
 
 def _probe(workdir: str, directory: str) -> None:
-  """Creates and removes a file in `directory`; WorkdirError if either fails."""
-  probe = os.path.join(directory, f".write-probe.{os.getpid()}.{secrets.token_hex(4)}")
+  """files.write_probe in `directory`; WorkdirError if it fails."""
   try:
-    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    write_probe(directory)
+  except ProbeLeft as error:  # an append-only directory: files go in, none come out
+    raise _unwritable(workdir, error, directory, f"; {error.filename} is left there") from None
   except OSError as error:
     raise _unwritable(workdir, error, directory) from None
-  try:
-    os.remove(probe)
-  except OSError as error:        # an append-only directory: files go in, none come out
-    raise _unwritable(workdir, error, directory, f"; {probe} is left there") from None
 
 
 def _unwritable(workdir: str, error: OSError, path: str | None = None,
