@@ -5,6 +5,8 @@ the loop), or says there is none. launch.py runs, and the loop in process."""
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -114,3 +116,46 @@ def test_a_sweeps_latest_checkpoint_is_the_point_written_last(tmp_path):
   os.utime(os.path.join(first, "40"), ns=(3 * 10**18, 3 * 10**18))
   assert loop.latest_checkpoint(str(tmp_path)) == (first, 40)
   assert loop.latest_checkpoint(str(tmp_path / "seed=2")) is None
+
+
+class _Closer:
+  def __init__(self):
+    self.closed = False
+
+  def close(self):
+    self.closed = True
+
+
+@pytest.mark.parametrize("error, waits", [(KeyboardInterrupt, False), (RuntimeError, True)])
+def test_a_second_ctrl_c_does_not_wait_for_the_checkpoint_it_cut(error, waits):
+  # A KeyboardInterrupt raised inside Orbax's wait for a save may leave that wait unable to
+  # return: closing the checkpoints again would hang. Other failures close everything.
+  checkpoints, progress, writer = _Closer(), _Closer(), _Closer()
+  with pytest.raises(error), loop._closing(checkpoints, progress, writer):
+    raise error
+  assert (checkpoints.closed, progress.closed, writer.closed) == (waits, True, True)
+
+
+ENDS_WITH_A_THREAD_LEFT = """
+import sys, threading
+sys.path.insert(0, sys.argv[2])
+import launch
+from absl import flags
+from research.training import loop
+flags.FLAGS(["launch.py"])
+def work():
+  threading.Thread(target=threading.Event().wait).start()   # a library thread that never ends
+  raise loop.Interrupted(sys.argv[1])
+launch.main(work, False, [])
+"""
+
+
+def test_a_second_ctrl_c_ends_the_process_without_waiting_for_library_threads(tmp_path):
+  directory = _step_directories(str(tmp_path), (20,))
+  ended = subprocess.run([sys.executable, "-c", ENDS_WITH_A_THREAD_LEFT, str(tmp_path),
+                          tiny.ROOT], capture_output=True, text=True, timeout=120,
+                         env=tiny.environment())
+  assert ended.returncode == 130, ended.stderr[-2000:]
+  assert ended.stderr.strip().splitlines()[-1] == (
+      f"interrupted (Ctrl-C): the latest saved checkpoint is step 20 in {directory}; run the "
+      "same command again to resume from it")
