@@ -118,13 +118,14 @@ def test_dropout_acts_on_both_branches_and_the_hidden_units_in_training_only():
   x = jnp.asarray(np.random.default_rng(1).normal(size=(B, L, F)), jnp.float32)
   attention = self_attention("full", num_heads=HEADS, features=F)
   plain = TransformerBlock(attention, MLP)
-  params = plain.init(jax.random.key(0), x)["params"]
-  reference = plain.apply({"params": params}, x)
+  params = jax.jit(plain.init)(jax.random.key(0), x)["params"]
+  reference = jax.jit(plain.apply)({"params": params}, x)
   for rates in ((0.5, 0.0), (0.0, 0.5)):
     block = TransformerBlock(attention, MLP, dropout_rate=rates[0],
                              activation_dropout_rate=rates[1])
-    np.testing.assert_array_equal(block.apply({"params": params}, x), reference)
-    drawn = [block.apply({"params": params}, x, train=True, rngs={"dropout": jax.random.key(s)})
+    apply = jax.jit(block.apply, static_argnames="train")   # one compilation per mode
+    np.testing.assert_array_equal(apply({"params": params}, x), reference)
+    drawn = [apply({"params": params}, x, train=True, rngs={"dropout": jax.random.key(s)})
              for s in (0, 1)]
     assert not np.allclose(drawn[0], reference) and not np.allclose(drawn[0], drawn[1])
 
@@ -137,10 +138,11 @@ def test_every_attention_is_a_block_and_ignores_padded_keys(name):
   attention = self_attention(name, num_heads=HEADS, features=F, window=2, max_length=8,
                              proj_len=4, compression=2, block_size=2, num_features=8)
   block = TransformerBlock(attention, MLP, norm="post")
-  params = block.init(jax.random.key(0), jnp.asarray(x), lengths)["params"]
+  params = jax.jit(block.init)(jax.random.key(0), jnp.asarray(x), lengths)["params"]
   y = x.copy()
   y[1, 5:] += 3.0
-  out_x, out_y = (block.apply({"params": params}, jnp.asarray(v), lengths) for v in (x, y))
+  apply = jax.jit(block.apply)    # one compilation, not one per operation
+  out_x, out_y = (apply({"params": params}, jnp.asarray(v), lengths) for v in (x, y))
   np.testing.assert_allclose(out_x[0], out_y[0], atol=1e-6)
   np.testing.assert_allclose(out_x[1, :5], out_y[1, :5], atol=1e-5)
   assert not np.allclose(out_x[1, 5:], out_y[1, 5:])

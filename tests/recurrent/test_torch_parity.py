@@ -197,7 +197,7 @@ def test_zero_length_sequence_keeps_initial_state(cell, proj_size, bidirectional
     assert_close(our_param(ours["d_params"], name), expected, 1e-4, name)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(lengths=st.lists(st.integers(1, T), min_size=B, max_size=B),
        cell=st.sampled_from(CELL_CONFIGS), num_layers=st.integers(1, 3),
        bidirectional=st.booleans(), batch_first=st.booleans(), init_state=st.booleans())
