@@ -15,10 +15,12 @@ tied to the embedding (Zoology's LanguageModel). The mixers (`model`, MODELS bel
   linear      linear attention and Performer (attentions), and the linear-attention cell as
               the blocks' recurrence (kind linear_cell, heads of size 16)
   ssm         the LRU and S5 blocks, N = width states
+  selective   Mamba (16 states per channel, the paper's), Mamba-2 (64 states per head of
+              64 channels), GLA and DeltaNet (one head of the width, as attention's)
   rnn         a two-layer GRU or LSTM of the width, over an embedding of the width
 
-The attention and linear families' blocks are their mixer alone, as in Zoology's Figure 2
-(its "state mixer" is the identity); the LRU and S5 blocks keep an MLP of 2 × width, their
+The attention, linear and selective families' blocks are their mixer alone, as in Zoology's
+Figure 2 (its "state mixer" is the identity; Mamba's block is its own); the LRU and S5 blocks keep an MLP of 2 × width, their
 only nonlinearity (both papers follow the recurrence with one).
 
 Presets:
@@ -28,7 +30,7 @@ Presets:
             100 000 training and 3 000 test sequences, batch 512 (256 at length 256, 128 at
             512), 64 epochs, AdamW (weight decay 0.01, PyTorch's default), cosine decay, no
             warm-up, dropout 0.1. Zoology stops a run at 99% test accuracy; these run to the
-            end. Sized for a GPU: 960 points.
+            end. Sized for a GPU: 1 216 points.
   cpu       a 2-core CPU: a vocabulary of 512 (Zoology's 8 192 costs N × 8 192 products per
             feature in the output layer, and its rare tokens slow learning), length 64 with
             8 and with 16 pairs (16 fill every query slot: the gaps' power law only orders
@@ -36,7 +38,7 @@ Presets:
             batch 64, 1 500 steps (1.2 epochs of 80 000 sequences), warm-up 100 then cosine,
             weight decay 0.1, gradients clipped at norm 1, no dropout, and two learning
             rates per family (1e-3 and 3e-3; the GRU and LSTM 3e-3 and 1e-2); 1 000 test
-            sequences. 120 points of 1–8 minutes on one core (about 6 core-hours).
+            sequences. 152 points of 1–8 minutes on one core (about 7 core-hours).
 
 Expected (cpu preset, the sweep; docs/results/mqar.md): full attention and BigBird answer
 99.9–100% of the queries at both widths and panels; every linear mixer, the LRU and S5 stay
@@ -46,7 +48,7 @@ width 64, 8 pairs in 64 tokens) leaves the plateau of answering one of the value
 
 Variant arguments (comma-separated key=value):
   preset  cpu | zoology                                         (default zoology)
-  model   one of MODELS: full | local | … | reformer | linear_cell | lru | s5 | gru | lstm
+  model   one of MODELS: full | local | … | linear_cell | lru | s5 | mamba | … | deltanet | gru | lstm
                                                                 (default full)
   width   the model's width (default: the preset's smallest)
 
@@ -57,7 +59,7 @@ such as --config.sweep.widths=(64,) narrows it.
 import ml_collections
 import numpy as np
 
-from research.models.recurrent_mixer import recurrence_defaults
+from research.models.recurrent_mixer import SELECTIVE, recurrence_defaults
 from research.models.self_attention import CAUSAL_ATTENTIONS
 from research.training.config import base_config, parse_variants
 from research.training.validation import ConfigError
@@ -66,12 +68,14 @@ FAMILIES = {
     "attention": tuple(name for name in CAUSAL_ATTENTIONS if name not in ("linear", "performer")),
     "linear": ("linear", "performer", "linear_cell"),
     "ssm": ("lru", "s5"),
+    "selective": SELECTIVE,                 # mamba, mamba2, gla, deltanet
     "rnn": ("gru", "lstm"),
 }
 MODELS = tuple(name for family in FAMILIES.values() for name in family)
-MLP_RATIO = {"attention": 0, "linear": 0, "ssm": 2, "rnn": 0}   # the blocks' MLP: ratio × width
+MLP_RATIO = {"attention": 0, "linear": 0, "ssm": 2, "selective": 0, "rnn": 0}  # MLP: × width
 LINEAR_CELL_HEAD = 16     # linear_cell's head size d: its parallel form keeps d × (d + 1) per
                           # head and step (one head of the width: 2 s a step at width 128)
+STATE_SIZE = {"mamba": 16, "mamba2": 64, "linear_cell": LINEAR_CELL_HEAD}   # the rest: width
 ZOOLOGY_RATES = tuple(float(rate) for rate in np.logspace(-4, -2, 4))
 PRESETS = {
     "zoology": dict(
@@ -95,7 +99,7 @@ PRESETS = {
         sweep=dict(widths=(64, 128),
                    panels=((64, 8, 64, 1500), (64, 16, 64, 1500)),
                    rates=dict(attention=(1e-3, 3e-3), linear=(1e-3, 3e-3), ssm=(1e-3, 3e-3),
-                              rnn=(3e-3, 1e-2)))),
+                              selective=(1e-3, 3e-3), rnn=(3e-3, 1e-2)))),
 }
 VARIANTS = {"preset": "zoology", "model": "full", "width": ""}
 
@@ -113,7 +117,7 @@ def model_keys(model: str, width: int) -> dict:
   keys = {"model.kind": kind, "model.attention": attention, "model.hidden_size": width,
           "model.mlp_size": MLP_RATIO[family(model)] * width}
   if kind != "transformer":
-    keys["model.state_size"] = LINEAR_CELL_HEAD if kind == "linear_cell" else width
+    keys["model.state_size"] = STATE_SIZE.get(kind, width)
   return keys
 
 
@@ -142,7 +146,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.model = ml_collections.ConfigDict()   # LanguageModel's fields (the stack's keys:
                                                # research/experiments/stack_config.py)
-  config.model.kind = "transformer"       # transformer | lru | s5 | linear_cell | gru | lstm | rnn
+  config.model.kind = "transformer"       # transformer | lru | s5 | linear_cell | mamba | mamba2
+                                          # | gla | deltanet | gru | lstm | rnn
   config.model.attention = "full"         # one of CAUSAL_ATTENTIONS
   config.model.hidden_size = 0            # the width
   config.model.num_layers = 2
@@ -155,7 +160,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.block_size = 16            # sparse / bigbird / sinkhorn block, reformer's chunk
   config.model.num_features = 64          # performer's random features per head
   config.model.num_hashes = 2             # reformer's hash rounds
-  config.model.state_size = 64            # lru | s5: states; linear_cell: the head's size
+  config.model.state_size = 64            # lru | s5 | mamba | mamba2: states (per channel,
+                                          # head); linear_cell | gla | deltanet: head size
   config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())
   config.model.dropout_rate = 0.0         # embeddings, branches, MLP hidden units
   config.model.implementation = "auto"    # research.attention implementation

@@ -11,8 +11,9 @@ listops. Each key means the same in all three:
   proj_len, compression                linformer's k, memory_compressed's stride c
   block_size                           sparse / bigbird / sinkhorn block, reformer's chunk
   num_features, num_hashes             performer's features per head, reformer's rounds
-  state_size, recurrence               kinds "lru" / "s5": states per block ("linear_cell":
-                                       each head's size), the layers' options
+  state_size, recurrence               kinds "lru" / "s5": states per block; "mamba" /
+                                       "mamba2": per channel / head; "linear_cell", "gla",
+                                       "deltanet": each head's size; the layers' options
   mixer_gate                           none | glu | half_glu after each mixer (transformer_block.py)
   dropout_rate                         embeddings, both branches, the MLP's hidden units
   implementation, dtype                research.attention implementation, products' dtype
@@ -38,6 +39,7 @@ from research.errors import ConfigError
 from research.models.block_stack import POSITIONS
 from research.models.recurrent_mixer import (
   LINEAR_RECURRENT,
+  SELECTIVE,
   check_recurrence,
   linear_recurrence,
   recurrence_defaults,
@@ -86,6 +88,9 @@ def check_stack_keys(config, *, causal: bool) -> None:
              lambda options: check_recurrence(options, m.state_size, m.kind))
   if m.kind == "linear_cell":                                # heads of state_size
     check_divides(config, "model.state_size", "model.hidden_size")
+  if m.kind in SELECTIVE:        # heads that divide the width (GLA, DeltaNet, Mamba-2)
+    layer = linear_recurrence(m.kind, m.state_size, m.recurrence)
+    check_with(config, "model.hidden_size", layer.check_width)
   if m.kind == "transformer":
     check_divides(config, "model.num_heads", "model.hidden_size")
     check_with(config, "model.attention",

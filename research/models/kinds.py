@@ -4,7 +4,9 @@
                      through time with a carried state
   transformer        blocks of self-attention and an MLP (TransformerBlock)
   lru | s5 |         the same blocks with a linear recurrence in the place of the
-  linear_cell        self-attention (recurrent_mixer.py), parallel over time
+  linear_cell |      self-attention (recurrent_mixer.py), parallel over time: LTI (LRU,
+  mamba | mamba2 |   S5), linear attention as a cell, or selective (Mamba, Mamba-2, GLA,
+  gla | deltanet     DeltaNet)
 """
 
 from research.models.recurrent_mixer import LINEAR_RECURRENT

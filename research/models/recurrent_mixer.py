@@ -4,7 +4,10 @@ TransformerBlock's self-attention.
   x [B, L, F] -> y [B, L, F]:  y = LRU(x) or S5(x) with N = `state_size` complex states,
                                or LinearAttention(x) (kind "linear_cell"): F / state_size
                                heads of causal linear attention run as a recurrence, each
-                               with a state of state_size × (state_size + 1)
+                               with a state of state_size × (state_size + 1); or a
+                               selective recurrence: Mamba(x) (N = state_size states per
+                               channel), Mamba2(x) (N per head), GLA(x) and DeltaNet(x)
+                               (F / state_size heads of that size)
 
 Not causal (an encoder, a classifier): bidirectional, a forward and a backward state, so
 every position reads the whole sequence as self-attention does; causal (a decoder): the
@@ -18,7 +21,7 @@ model may set (the rest, the state size, the direction and the dtype, it sets it
 `recurrence_defaults()` gives their defaults, the layers' own.
 
 `block_mixer(kind, ...)` is the constructor a TransformerBlock calls with name="attention":
-self-attention for kind "transformer", the recurrence for "lru" and "s5".
+self-attention for kind "transformer", the recurrence for the kinds of LINEAR_RECURRENT.
 """
 
 import dataclasses
@@ -29,14 +32,23 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from research.recurrent import LRU, S5, LinearAttention
+from research.recurrent import GLA, LRU, S5, DeltaNet, LinearAttention, Mamba, Mamba2
+from research.recurrent.selective import SelectiveLayer
 
 Array = jax.Array
-LINEAR_RECURRENT = {"lru": LRU, "s5": S5, "linear_cell": LinearAttention}
+LINEAR_RECURRENT = {"lru": LRU, "s5": S5, "linear_cell": LinearAttention, "mamba": Mamba,
+                    "mamba2": Mamba2, "gla": GLA, "deltanet": DeltaNet}
+# the selective ones (their transition depends on the input): heads that divide the width
+SELECTIVE = tuple(kind for kind, layer in LINEAR_RECURRENT.items()
+                  if issubclass(layer, SelectiveLayer))
 OPTIONS = {   # per kind: the layer's fields a model's `recurrence` may set
     "lru": ("r_min", "r_max", "max_phase", "mode", "chunk_size"),
     "s5": ("blocks", "conj_sym", "dt_min", "dt_max", "mode", "chunk_size"),
     "linear_cell": ("decay", "feature_map", "normalize", "mode", "chunk_size"),
+    "mamba": ("expand", "conv_size", "dt_min", "dt_max", "mode", "chunk_size"),
+    "mamba2": ("expand", "head_dim", "conv_size", "dt_min", "dt_max", "mode", "chunk_size"),
+    "gla": ("expand_k", "gate_rank", "gate_temperature", "mode", "chunk_size"),
+    "deltanet": ("conv_size", "use_gate", "allow_neg_eigval", "mode", "chunk_size"),
 }
 
 
@@ -72,7 +84,7 @@ def check_recurrence(recurrence: Mapping[str, Mapping[str, Any]] | None,
 
 def linear_recurrence(kind: str, state_size: int,
                       recurrence: Mapping[str, Mapping[str, Any]] | None = None) -> nn.Module:
-  """The layer of `kind` (LRU, S5) with `state_size` states and recurrence[kind]'s options,
+  """The layer of `kind` (one of LINEAR_RECURRENT) with `state_size` states and recurrence[kind]'s options,
   unbound: for its checks and sizes."""
   return LINEAR_RECURRENT[kind](state_size=state_size, **dict((recurrence or {}).get(kind, {})))
 
@@ -87,7 +99,7 @@ def recurrence_parameters(kind: str, state_size: int, features: int,
 
 class RecurrentMixer(nn.Module):
   """x [B, L, F], key lengths [B] or None -> [B, L, F] (see the module docstring)."""
-  layer: Callable[..., nn.Module]   # LRU or S5
+  layer: Callable[..., nn.Module]   # one of LINEAR_RECURRENT's layers
   state_size: int = 64              # N
   options: Mapping[str, Any] | None = None   # the layer's other fields (OPTIONS)
   dtype: Any = None                 # dtype of the matrix products

@@ -68,8 +68,8 @@ def test_the_sweep_reads_its_grid_from_the_config():
   assert [(p["model.kind"], p["train.learning_rate"]) for p in points[:4]] == [
       ("transformer", 1e-3), ("transformer", 3e-3), ("gru", 3e-3), ("gru", 1e-2)]
   assert len(points) == 2 * 2 * len(config.sweep.panels)
-  with pytest.raises(ConfigError, match=r"config.sweep.models: \['mamba'\] are not models"):
-    experiment.get_sweep(apply_overrides(config, {"sweep.models": ("mamba",)}))
+  with pytest.raises(ConfigError, match=r"config.sweep.models: \['hyena'\] are not models"):
+    experiment.get_sweep(apply_overrides(config, {"sweep.models": ("hyena",)}))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -89,8 +89,12 @@ def test_the_sweep_reads_its_grid_from_the_config():
      "config.model.hidden_size=32"),
     ({"model.kind": "linear_cell", "model.state_size": 48},
      "config.model.state_size=48 must divide config.model.hidden_size=64"),
+    ({"model.kind": "deltanet", "model.state_size": 48},
+     r"config.model.hidden_size: state_size=48 \(the heads' size\) must divide the width, 64"),
+    ({"model.kind": "mamba2", "model.recurrence.mamba2.head_dim": 48},
+     "config.model.hidden_size: head_dim must divide"),
     ({"model.mlp_size": -1}, "config.model.mlp_size=-1 must be a number >= 0"),
-    ({"model.kind": "mamba"}, "config.model.kind='mamba' is not allowed"),
+    ({"model.kind": "hyena"}, "config.model.kind='hyena' is not allowed"),
     ({"data.train_examples": 10**9}, "host"),
 ])
 def test_bad_values_are_one_line_before_anything_is_built(overrides, message):
@@ -136,7 +140,7 @@ def test_the_training_set_is_fixed_and_the_evaluation_set_apart():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["full", "performer", "linear_cell", "lru", "gru"])
+@pytest.mark.parametrize("model", ["full", "performer", "linear_cell", "lru", "mamba", "gru"])
 def test_a_model_of_each_family_learns(model):
   """60 AdamW steps lower the loss of a model of each family by a tenth at least."""
   overrides = {key: value for key, value in experiment.model_keys(model, 16).items()}

@@ -44,7 +44,7 @@ def test_default_config_is_the_adding_problem_with_an_lstm():
 @pytest.mark.parametrize("arg, message", [
     ("cell=gru", "unknown variant 'cell'.*allowed: task, model, length"),
     ("task=sort", "task='sort' is not allowed; choose one of: copy, reverse, adding, recall"),
-    ("model=mamba", "model='mamba' is not allowed; choose one of: rnn, lstm, gru, transformer, "
+    ("model=hyena", "model='hyena' is not allowed; choose one of: rnn, lstm, gru, transformer, "
                     "lru, s5"),
     ("length=-3", "length='-3' must be a positive int"),
     ("length=ten", "length='ten' must be a positive int"),
@@ -71,7 +71,7 @@ def test_sweep_covers_every_model_and_length_and_validates():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"data.task": "sort"}, "config.data.task='sort' is not allowed; choose one of: 'copy'"),
-    ({"model.kind": "mamba"}, "config.model.kind='mamba' is not allowed; choose one of: 'rnn'"),
+    ({"model.kind": "hyena"}, "config.model.kind='hyena' is not allowed; choose one of: 'rnn'"),
     ({"model.attention": "routing"}, "config.model.attention='routing' is not allowed; choose "
                                      "one of: 'full', 'local', 'longformer', 'sparse'"),
     ({"model.implementation": "flash"}, "config.model.implementation='flash' is not allowed; "

@@ -32,12 +32,18 @@ def test_only_the_models_kind_is_checked_with_its_state_size():
     check_recurrence({**defaults, "s5": {"dt_min": 0.5}}, 63, "lru")
 
 
-@pytest.mark.parametrize("kind, options", [("lru", {}), ("s5", {}), ("s5", {"conj_sym": False}),
-                                           ("s5", {"blocks": 2}), ("linear_cell", {})])
+HEADED = ("linear_cell", "gla", "deltanet")   # F / state_size heads of state_size
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("lru", {}), ("s5", {}), ("s5", {"conj_sym": False}), ("s5", {"blocks": 2}),
+    ("linear_cell", {}), ("mamba", {}), ("mamba", {"expand": 3, "conv_size": 2}),
+    ("mamba2", {"head_dim": 2}), ("gla", {}), ("gla", {"gate_rank": 3}), ("deltanet", {}),
+    ("deltanet", {"conv_size": 0, "use_gate": True})])
 def test_parameter_count_is_flaxs(kind, options):
   """recurrence_parameters counts a bidirectional layer's parameters exactly (what the
   experiments weigh against the host's memory before building)."""
-  features, state_size = (4, 2) if kind == "linear_cell" else (3, 8)   # heads of state_size
+  features, state_size = (4, 2) if kind in HEADED else (3, 8)
   layer = LINEAR_RECURRENT[kind](state_size=state_size, bidirectional=True, **options)
   shapes = jax.eval_shape(layer.init, jax.random.key(0), jnp.zeros((1, 2, features)))
   count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))

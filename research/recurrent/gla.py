@@ -1,0 +1,261 @@
+"""Gated linear attention (Yang, Wang, Shen, Panda & Kim 2024, "Gated Linear Attention
+Transformers with Hardware-Efficient Training", §4), its layer with flash-linear-attention's
+choices (fla/layers/gla.py) where the paper leaves one open.
+
+For x_t [B, F], M = F / state_size heads, each of value size d_v = state_size and key size
+d_k = expand_k · state_size (fla's expand_k = 0.5, expand_v = 1: keys of F/2, values of F in
+all; the paper's 4 heads are state_size = F/4):
+
+  q_t = x_t W_q,  k_t = x_t W_k                                   [B, M, d_k]
+  v_t = x_t W_v                                                   [B, M, d_v]
+  log α_t = logsigmoid(x_t W_α1 W_α2 + b_α) / τ                   [B, M, d_k]
+  S_t = diag(α_t) S_{t−1} + k_tᵀ v_t                              [B, M, d_k, d_v]
+  o_t = (q_t d_k^{−1/2}) S_t                                      [B, M, d_v]
+  r_t = swish(x_t W_r)                                            [B, M, d_v]
+  y_t = (RMSNorm(o_t) ⊙ r_t) W_o                                  [B, F]
+
+with the gate of low rank r (W_α1 [F, r], W_α2 [r, M·d_k], r = 16) and temperature τ = 16,
+α_t = σ(·)^{1/τ}, kept as its logarithm. RMSNorm is over each head's d_v values,
+o / √(mean(o²) + ε) ⊙ γ, ε = 1e-5, with one scale γ [d_v] shared by the heads (fla's
+FusedRMSNormGated over head_v_dim, elementwise_affine=True). The paper's equations differ
+in three places, where we follow fla: o_t = q_t S_t (no scale d_k^{−1/2}), a LayerNorm of
+each head's output (LN) instead of RMSNorm, and a bias b_r in the output gate,
+r_t = swish(x_t W_r + b_r).
+
+Initialisation (the `_initialize_weights` of fla's GLA layer in the paper's time; fla's
+models now re-initialise every linear layer N(0, 0.02²) instead): every projection W_q,
+W_k, W_v, W_r, W_α1, W_α2, W_o Xavier-uniform with gain 2^{−2.5},
+U(±2^{−2.5} √(6 / (fan_in + fan_out))) with the fans of the whole matrix (e.g. W_q
+[F, M·d_k]); b_α = 0, γ = 1.
+
+The carry is S [B, M, d_k, d_v] float32. A padded step (valid False) has log α = 0 and
+k = 0: S passes through it unchanged.
+
+Parallel form (the chunkwise form of §4.2-4.3): time is cut into chunks of C = chunk_size
+steps. Within a chunk, with the chunk's start as origin, b_t = Σ_{r≤t} log α_r (≤ 0):
+
+  o_t = (q̃_t ⊙ e^{b_t}) S_in  +  Σ_{s≤t} Σ_i q̃_ti k_si e^{Σ_{s<r≤t} log α_ri} v_s
+  S_out = diag(e^{b_C}) S_in  +  Σ_s (k_s ⊙ e^{Σ_{s<r≤C} log α_r})ᵀ v_s
+
+(q̃ = q d_k^{−1/2}): the chunks' contributions to the state are matrix products side by
+side, then S is carried from chunk to chunk (`jax.lax.scan` over the T / C chunks, as
+fla's kernels loop over chunks), then every output at once.
+
+Every exponent is a sum of log-gates, ≤ 0, so no exponential can overflow whatever the
+gates (log α = −30 a step is e^{−1920} over 64 steps: it underflows to 0, its value in
+float32). The paper's e^{b_t} · e^{−b_s} is never formed (e^{−b_s} overflows float32
+after 88 / |log α| steps), and neither is b_t − b_s: a difference of two large cumulative
+sums loses their digits (gates of −30 for 5 steps, then mild ones: |b| ≈ 150, whose
+rounding, 10⁻⁵, would be the error of every later decay). Each pair's decay is the sum of
+its own log-gates, per key channel: C² · d_k numbers per chunk and head, C · T · M · d_k
+per sequence (and as many for their gradient). Chunks are therefore short: 8 steps by
+default, the fastest of 4 to 64 for forward and backward on a CPU at T = 4096 (widths 32
+and 128, state_size 16 and 64). fla's GPU kernels also compute sub-chunks of 16 steps in
+log space; on a GPU, where each of the T / C sequential steps costs a kernel launch,
+longer chunks may pay.
+
+Stepwise form: `jax.lax.scan` over time of the recurrence (`_recur`), the per-step math
+of `advance`.
+
+Projections run in `dtype` (None: float32) with float32 accumulation; the gates, the
+recurrence, the state and the norm run in float32.
+"""
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from research.recurrent.selective import SelectiveLayer
+
+Array = jax.Array
+F32 = jnp.float32
+
+
+class Weights(NamedTuple):
+  """One direction's parameters (each [directions, ...] as `weights` returns them)."""
+  w_q: Array          # [F, M, d_k]
+  w_k: Array          # [F, M, d_k]
+  w_v: Array          # [F, M, d_v]
+  w_r: Array          # [F, M, d_v], the output gate
+  w_gate_down: Array  # [F, r], W_α1
+  w_gate_up: Array    # [r, M, d_k], W_α2
+  b_gate: Array       # [M, d_k], b_α
+  norm_scale: Array   # [d_v], γ
+  w_o: Array          # [M, d_v, F]
+
+
+def xavier(in_axis, out_axis) -> nn.initializers.Initializer:
+  """Xavier-uniform with gain 2^{−2.5}: U(±2^{−2.5} √(6 / (fan_in + fan_out)))."""
+  return nn.initializers.variance_scaling(2.0**-5, "fan_avg", "uniform", in_axis=in_axis,
+                                          out_axis=out_axis)
+
+
+def _dot(spec: str, x: Array, w: Array, dtype) -> Array:
+  """einsum in `dtype` with float32 accumulation."""
+  return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=F32)
+
+
+def _project(w: Weights, x: Array, temperature: float, dtype):
+  """q, k, log α [..., M, d_k]; v, r [..., M, d_v]; float32, for x [..., F]."""
+  q = _dot("...f,fmk->...mk", x, w.w_q, dtype)
+  k = _dot("...f,fmk->...mk", x, w.w_k, dtype)
+  v = _dot("...f,fmv->...mv", x, w.w_v, dtype)
+  r = _dot("...f,fmv->...mv", x, w.w_r, dtype)
+  low = _dot("...f,fr->...r", x, w.w_gate_down, dtype)
+  logit = _dot("...r,rmk->...mk", low, w.w_gate_up, dtype) + w.b_gate.astype(F32)
+  return q, k, v, jax.nn.log_sigmoid(logit) / temperature, r
+
+
+def _readout(w: Weights, o: Array, r: Array, eps: float, dtype) -> Array:
+  """y [..., F] float32 = (RMSNorm(o) ⊙ swish(r)) W_o, o and r [..., M, d_v]."""
+  normed = o * jax.lax.rsqrt(jnp.mean(o * o, -1, keepdims=True) + eps)
+  gated = normed * w.norm_scale.astype(F32) * jax.nn.silu(r)
+  return _dot("...mv,mvf->...f", gated, w.w_o, dtype)
+
+
+def _recur(state: Array, q: Array, k: Array, v: Array, log_alpha: Array) -> tuple[Array, Array]:
+  """One step: S = diag(α) S + kᵀ v, o = (q d_k^{−1/2}) S. state [..., M, d_k, d_v]; q, k,
+  log α [..., M, d_k]; v [..., M, d_v] -> (S, o [..., M, d_v])."""
+  state = jnp.exp(log_alpha)[..., None] * state + k[..., :, None] * v[..., None, :]
+  return state, jnp.einsum("...mk,...mkv->...mv", q * q.shape[-1] ** -0.5, state)
+
+
+def _chunks(x: Array, size: int) -> Array:
+  """[B, T, ...] -> [B, T / size, size, ...], zeros after step T."""
+  count = -(-x.shape[1] // size)
+  pad = ((0, 0), (0, count * size - x.shape[1])) + ((0, 0),) * (x.ndim - 2)
+  return jnp.pad(x, pad).reshape((x.shape[0], count, size) + x.shape[2:])
+
+
+def _pair_decays(log_alpha: Array) -> Array:
+  """log α [B, n, C, M, d_k] -> e^{Σ_{s<r≤t} log α_r} [B, n, C(t), C(s), M, d_k], zero for
+  s > t. Each exponent is the sum of its own terms (a cumulative sum over t of log α_r kept
+  where r > s), never a difference of two cumulative sums."""
+  t = jnp.arange(log_alpha.shape[2])
+  later = (t[:, None] > t[None, :])[:, :, None, None]                      # [r, s]: r > s
+  exponent = jnp.cumsum(jnp.where(later, log_alpha[:, :, :, None], 0.0), axis=2)
+  return jnp.where((t[:, None] >= t[None, :])[:, :, None, None], jnp.exp(exponent), 0.0)
+
+
+def _chunked(q, k, v, log_alpha, state, size: int):
+  """The chunkwise parallel form (module docstring), inputs and result as
+  `gated_linear_attention`'s."""
+  num_steps = q.shape[1]
+  q = q * q.shape[-1] ** -0.5
+  q, k, v, log_alpha = (_chunks(a, size) for a in (q, k, v, log_alpha))   # [B, n, C, M, ·]
+  into = jnp.cumsum(log_alpha, axis=2)                                     # b_t
+  rest = jnp.cumsum(log_alpha[:, :, ::-1], axis=2)[:, :, ::-1]             # Σ_{r≥s} log α_r
+  after = jnp.concatenate([rest[:, :, 1:], jnp.zeros_like(rest[:, :, :1])], axis=2)  # r > s
+  adds = jnp.einsum("bncmk,bncmv->nbmkv", k * jnp.exp(after), v)           # [n, B, M, d_k, d_v]
+
+  def carry(s, chunk):   # S_out = diag(e^{b_C}) S_in + adds
+    decay, add = chunk
+    return decay[..., None] * s + add, s
+
+  decays = jnp.exp(jnp.moveaxis(rest[:, :, 0], 1, 0))                     # e^{b_C} [n, B, M, d_k]
+  last, entering = jax.lax.scan(carry, state, (decays, adds))
+  o = jnp.einsum("bntmk,nbmkv->bntmv", q * jnp.exp(into), entering)
+  scores = jnp.einsum("bntmk,bnsmk,bntsmk->bntsm", q, k, _pair_decays(log_alpha))
+  o = o + jnp.einsum("bntsm,bnsmv->bntmv", scores, v)
+  return o.reshape((o.shape[0], -1) + o.shape[3:])[:, :num_steps], last
+
+
+def gated_linear_attention(q: Array, k: Array, v: Array, log_alpha: Array, state: Array,
+                           chunk_size: int | None = None) -> tuple[Array, Array]:
+  """S_t = diag(α_t) S_{t−1} + k_tᵀ v_t, o_t = (q_t d_k^{−1/2}) S_t from S_0 = state, the
+  equations of fla's `naive_recurrent_gla` (its gk is log α). q, k, log α [B, T, M, d_k];
+  v [B, T, M, d_v]; state [B, M, d_k, d_v] -> (o [B, T, M, d_v], S_T), float32. Chunks of
+  `chunk_size` steps (the parallel form), or one step at a time when None."""
+  q, k, v, log_alpha, state = (a.astype(F32) for a in (q, k, v, log_alpha, state))
+  if chunk_size is not None:
+    return _chunked(q, k, v, log_alpha, state, min(chunk_size, q.shape[1]))
+  step = lambda s, inputs: _recur(s, *inputs)
+  last, o = jax.lax.scan(step, state, tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, log_alpha)))
+  return jnp.moveaxis(o, 0, 1), last
+
+
+class GLA(SelectiveLayer):
+  """Gated linear attention: x [B, T, F] -> (y [B, T, F], the carry S [B, M, d_k, d_v]);
+  see the module docstring. `state_size` is d_v, each head's value size (M = F / d_v)."""
+  state_size: int = 64             # d_v, each head's value size; M = F / d_v heads
+  chunk_size: int = 8              # parallel form: steps per chunk (module docstring)
+  expand_k: float = 0.5            # d_k = expand_k · d_v, each head's key size (fla)
+  gate_rank: int = 16              # r, the rank of the forget gate's W_α1 W_α2 (paper, fla)
+  gate_temperature: float = 16.0   # τ: log α = logsigmoid(·) / τ (paper; fla's normalizer)
+  norm_eps: float = 1e-5           # ε of the per-head RMSNorm (fla)
+
+  def check_options(self) -> None:
+    super().check_options()
+    positive = lambda value, kind: isinstance(value, kind) and not isinstance(value, bool) \
+        and value > 0
+    if not positive(self.expand_k, (int, float)):
+      raise ValueError(f"expand_k must be a positive number, got {self.expand_k!r}")
+    if not positive(self.gate_rank, int):
+      raise ValueError(f"gate_rank must be a positive int, got {self.gate_rank!r}")
+    if not positive(self.gate_temperature, (int, float)):
+      raise ValueError(f"gate_temperature must be a positive number, got "
+                       f"{self.gate_temperature!r}")
+    if not positive(self.norm_eps, (int, float)):
+      raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
+
+  def check_width(self, features: int) -> None:
+    if features % self.state_size:
+      raise ValueError(f"state_size={self.state_size} (each head's value size) must divide "
+                       f"the width, {features}")
+    key_size = self.expand_k * self.state_size
+    if key_size != int(key_size) or key_size < 1:
+      raise ValueError(f"expand_k · state_size (each head's key size) must be a positive "
+                       f"integer, got {self.expand_k!r} · {self.state_size} = {key_size!r}")
+
+  def geometry(self, features: int) -> tuple[int, int, int]:
+    """(M heads, d_k, d_v)."""
+    return features // self.state_size, int(self.expand_k * self.state_size), self.state_size
+
+  def direction_parameters(self, features: int) -> int:
+    """W_q, W_k [F, M·d_k]; W_v, W_r [F, M·d_v]; W_α1 [F, r], W_α2 [r, M·d_k], b_α
+    [M·d_k]; γ [d_v]; W_o [M·d_v, F]."""
+    heads, key, value = self.geometry(features)
+    keys, values, rank = heads * key, heads * value, self.gate_rank
+    return (2 * features * keys + 3 * features * values + features * rank + rank * keys
+            + keys + value)
+
+  @nn.compact
+  def weights(self, features: int) -> Weights:
+    heads, key, value = self.geometry(features)
+    param = self.direction_param
+    return Weights(
+        w_q=param("query", xavier(0, (1, 2)), (features, heads, key)),
+        w_k=param("key", xavier(0, (1, 2)), (features, heads, key)),
+        w_v=param("value", xavier(0, (1, 2)), (features, heads, value)),
+        w_r=param("output_gate", xavier(0, (1, 2)), (features, heads, value)),
+        w_gate_down=param("gate_down", xavier(0, 1), (features, self.gate_rank)),
+        w_gate_up=param("gate_up", xavier(0, (1, 2)), (self.gate_rank, heads, key)),
+        b_gate=param("gate_bias", nn.initializers.zeros, (heads, key)),
+        norm_scale=param("norm_scale", nn.initializers.ones, (value,)),
+        w_o=param("out", xavier((0, 1), 2), (heads, value, features)))
+
+  @nn.nowrap
+  def zero_state(self, batch: int, features: int) -> Array:
+    heads, key, value = self.geometry(features)
+    return jnp.zeros((batch, heads, key, value), F32)
+
+  @nn.nowrap
+  def run(self, w: Weights, x: Array, valid: Array | None, state: Array,
+          parallel: bool) -> tuple[Array, Array]:
+    dtype = self.dtype or F32
+    q, k, v, log_alpha, r = _project(w, x, self.gate_temperature, dtype)
+    if valid is not None:   # a padded step: α = 1, nothing added
+      keep = valid[..., None, None]
+      k, log_alpha = jnp.where(keep, k, 0.0), jnp.where(keep, log_alpha, 0.0)
+    o, last = gated_linear_attention(q, k, v, log_alpha, state,
+                                     self.chunk_size if parallel else None)
+    return _readout(w, o, r, self.norm_eps, dtype), last
+
+  @nn.nowrap
+  def advance(self, w: Weights, state: Array, x_t: Array) -> tuple[Array, Array]:
+    dtype = self.dtype or F32
+    q, k, v, log_alpha, r = _project(w, x_t, self.gate_temperature, dtype)
+    state, o = _recur(state.astype(F32), q, k, v, log_alpha)
+    return state, _readout(w, o, r, self.norm_eps, dtype)
