@@ -48,9 +48,11 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
       0.0, train.learning_rate, train.warmup_steps, max(train.num_steps, train.warmup_steps + 1))
 
 
-# The linear recurrences' own parameters (LRU: λ's ν, θ and γ; S5: Λ and the time step) and
+# The linear recurrences' own parameters (LRU: λ's ν, θ and γ; S5: Λ and the time step;
+# Mamba and Mamba-2: A and Δ's bias, which their reference code keeps from weight decay) and
 # every LayerNorm's: S5's "ssm" group, which a recurrence_learning_rate > 0 trains apart.
-RECURRENCE_PARAMS = ("nu_log", "theta_log", "gamma_log", "Lambda_re", "Lambda_im", "log_step")
+RECURRENCE_PARAMS = ("nu_log", "theta_log", "gamma_log", "Lambda_re", "Lambda_im", "log_step",
+                     "A_log", "dt_bias")
 
 
 def parameter_group(path) -> str:

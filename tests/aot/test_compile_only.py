@@ -26,6 +26,7 @@ import pytest
 
 from research import experiments
 from research.errors import ConfigError
+from research.models.recurrent_mixer import SELECTIVE
 from research.training.compile_only import compile_only, compile_sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,6 +45,7 @@ CONFIGS = {
     "kernel_regression": "experiments/kernel_regression.py",
     "listops_s5": "experiments/listops.py:preset=s5",
     "listops_lru": "experiments/listops.py:preset=lru",
+    **{f"mqar_{kind}": f"experiments/mqar.py:preset=cpu,model={kind}" for kind in SELECTIVE},
 }
 # Each model once for a TPU and, where its kernels differ there, once for a GPU: the v4-8 for
 # the recurrences (its 8 chips: the gradients' all-reduce), the v5e (Colab's TPU) for the
@@ -52,7 +54,9 @@ CONFIGS = {
 CASES = [("nmt_dates", "tpu-v4-8"), ("sequence_tasks", "tpu-v5e-1"), ("sequence_tasks", "h100"),
          ("listops_lra_bf16", "h100"), ("char_lm", "tpu-v4-8"), ("char_lm_transformer", "h100"),
          ("kernel_regression", "tpu-v5e-1"), ("listops_s5", "h100"), ("listops_s5", "tpu-v5e-1"),
-         ("listops_lru", "h100"), ("listops_lru", "tpu-v5e-1")]
+         ("listops_lru", "h100"), ("listops_lru", "tpu-v5e-1"),
+         # the selective recurrences, each for both (tests/markers.txt: two of them long)
+         *((f"mqar_{kind}", target) for kind in SELECTIVE for target in ("h100", "tpu-v5e-1"))]
 LRA_LAYERS = 1
 # S5's and the LRU's ListOps presets, compiled with one of their blocks (8 and 4, each the
 # same; S5's eight take 150 s of a core for the H100): bench compile_targets compiles them

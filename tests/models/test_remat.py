@@ -31,6 +31,12 @@ MODELS = {   # name: (the model with remat=…, its inputs); few layers: each co
     "lru": (lambda remat: SequenceModel(kind="lru", num_outputs=2, hidden_size=8, num_layers=1,
                                         mlp_size=16, state_size=4, causal=True, remat=remat),
             (FLOATS,)),
+    "mamba": (lambda remat: SequenceModel(kind="mamba", num_outputs=2, hidden_size=8,
+                                          num_layers=2, state_size=4, causal=True, remat=remat),
+              (FLOATS,)),
+    "deltanet": (lambda remat: SequenceModel(kind="deltanet", num_outputs=2, hidden_size=8,
+                                             num_layers=1, state_size=4, remat=remat),
+                 (FLOATS,)),
     "lstm": (lambda remat: SequenceModel(kind="lstm", num_outputs=2, hidden_size=8,
                                          num_layers=2, remat=remat), (FLOATS,)),
 }
@@ -80,7 +86,13 @@ def test_remat_block_lowers_the_gradient_steps_memory_compiled_for_a_t4():
           vocab_size=50, num_classes=3, max_length=length, num_heads=2, implementation="dense",
           **fields, remat=remat), (put(jax.ShapeDtypeStruct((batch, length), jnp.int32)),
                                    put(jax.ShapeDtypeStruct((batch,), jnp.int32)))),
-      "lstm": (lambda remat: SequenceModel(kind="lstm", num_outputs=2, **fields, remat=remat),
+      "mamba": (lambda remat: SequenceModel(kind="mamba", num_outputs=2, hidden_size=8,
+                                          num_layers=2, state_size=4, causal=True, remat=remat),
+              (FLOATS,)),
+    "deltanet": (lambda remat: SequenceModel(kind="deltanet", num_outputs=2, hidden_size=8,
+                                             num_layers=1, state_size=4, remat=remat),
+                 (FLOATS,)),
+    "lstm": (lambda remat: SequenceModel(kind="lstm", num_outputs=2, **fields, remat=remat),
                (put(jax.ShapeDtypeStruct((batch, length, 3), jnp.float32)),))}
 
   def temp_bytes(model, inputs):

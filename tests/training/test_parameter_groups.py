@@ -21,7 +21,8 @@ from research.training.train_step import (
 
 @pytest.mark.parametrize("kind, slow", [
     ("lru", {"nu_log", "theta_log", "gamma_log", "scale", "bias"}),
-    ("s5", {"Lambda_re", "Lambda_im", "log_step", "scale", "bias"})])
+    ("s5", {"Lambda_re", "Lambda_im", "log_step", "scale", "bias"}),
+    ("mamba", {"A_log", "dt_bias", "scale", "bias"})])
 def test_each_group_steps_as_optax_alone_on_it(kind, slow):
   model = SequenceModel(kind=kind, num_outputs=1, hidden_size=8, num_layers=2, state_size=4,
                         mlp_size=8)
