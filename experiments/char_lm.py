@@ -52,7 +52,8 @@ num_features, num_hashes), e.g. --config.model.attention=local for a window of
 config.model.window bytes before each byte.
 
 Variant arguments (comma-separated key=value):
-  model   lstm | gru | transformer | lru | s5      (default gru)
+  model   lstm | gru | transformer | lru | s5 | linear_cell | mamba | mamba2 | gla |
+          deltanet                                  (default gru)
 """
 
 import ml_collections
@@ -68,10 +69,13 @@ MODELS = {
     "transformer": dict(hidden_size=128, num_layers=2, num_heads=4, mlp_size=512),
 }
 TRAIN = {"lstm": (3000, 5e-3), "gru": (3000, 5e-3), "transformer": (2000, 2e-3)}
-# LRU and S5 take the transformer's blocks (width, depth, MLP) and its training budget, a
-# causal linear recurrence of 64 complex states in attention's place.
+# The linear recurrences take the transformer's blocks (width, depth, MLP) and its training
+# budget, a causal recurrence in attention's place: the LRU and S5 with 64 complex states,
+# Mamba with the paper's 16 per channel, the headed ones heads of 64 (two of the width).
+STATE_SIZE = {"mamba": 16}
 for kind in LINEAR_RECURRENT:
-  MODELS[kind], TRAIN[kind] = MODELS["transformer"], TRAIN["transformer"]
+  MODELS[kind] = {**MODELS["transformer"], "state_size": STATE_SIZE.get(kind, 64)}
+  TRAIN[kind] = TRAIN["transformer"]
 VARIANTS = {"model": "gru"}
 
 
@@ -110,7 +114,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.block_size = 32            # sparse / bigbird / sinkhorn block, reformer's chunk
   config.model.num_features = 64          # performer's random features per head
   config.model.num_hashes = 2             # reformer's hash rounds
-  config.model.state_size = 64            # --config.model.kind=lru | s5: complex states per block
+  config.model.state_size = 64            # a linear recurrence's states (per channel, head) or
+                                          # heads' size: see docs/running.md
   config.model.recurrence = ml_collections.ConfigDict(recurrence_defaults())  # lru.r_min, s5.dt_min, …
   config.model.implementation = "auto"    # research.attention implementation: auto | dense | chunked | banded | cudnn | pallas_gpu | pallas_tpu
   config.model.dropout_rate = 0.0         # between recurrent layers; the blocks' embeddings,

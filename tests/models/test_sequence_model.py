@@ -80,7 +80,7 @@ def test_sinusoidal_positions_follow_the_formula():
   np.testing.assert_allclose(sinusoidal_positions(length, features), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("field, value", [("kind", "mamba"), ("head", "first"),
+@pytest.mark.parametrize("field, value", [("kind", "hyena"), ("head", "first"),
                                           ("attention", "routing"), ("norm", "sandwich")])
 def test_unknown_kind_head_or_attention_is_rejected(field, value):
   model = SequenceModel(**{"kind": "lstm", "hidden_size": 4, "num_layers": 1, "num_outputs": 2,

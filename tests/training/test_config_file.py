@@ -32,8 +32,8 @@ def test_a_missing_config_file_is_named(tmp_path):
 def test_variant_arguments_reach_get_config_and_its_errors_pass_through():
   config, module = launch.load_config(tiny.CONFIG.replace("model=lstm", "model=gru"))
   assert config.model.kind == "gru" and hasattr(module, "get_sweep")
-  with pytest.raises(ConfigError, match="variant model='mamba' is not allowed"):
-    launch.load_config(tiny.CONFIG.replace("model=lstm", "model=mamba"))
+  with pytest.raises(ConfigError, match="variant model='hyena' is not allowed"):
+    launch.load_config(tiny.CONFIG.replace("model=lstm", "model=hyena"))
 
 
 @pytest.mark.parametrize("argv, spec, rest", [
