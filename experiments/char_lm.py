@@ -70,11 +70,10 @@ MODELS = {
 }
 TRAIN = {"lstm": (3000, 5e-3), "gru": (3000, 5e-3), "transformer": (2000, 2e-3)}
 # The linear recurrences take the transformer's blocks (width, depth, MLP) and its training
-# budget, a causal recurrence in attention's place: the LRU and S5 with 64 complex states,
-# Mamba with the paper's 16 per channel, the headed ones heads of 64 (two of the width).
-STATE_SIZE = {"mamba": 16}
-for kind in LINEAR_RECURRENT:
-  MODELS[kind] = {**MODELS["transformer"], "state_size": STATE_SIZE.get(kind, 64)}
+# budget, a causal recurrence in attention's place with the layer's own state size: the LRU
+# and S5 64 complex states, Mamba the paper's 16 per channel, the headed ones heads of 64.
+for kind, layer in LINEAR_RECURRENT.items():
+  MODELS[kind] = {**MODELS["transformer"], "state_size": layer.state_size}
   TRAIN[kind] = TRAIN["transformer"]
 VARIANTS = {"model": "gru"}
 

@@ -23,8 +23,6 @@ The matrix products with B̄ and C run in `dtype` (None: float32) with float32
 accumulation; the state is complex64 and the recurrence runs in it.
 """
 
-import dataclasses
-import math
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -33,9 +31,9 @@ import jax.numpy as jnp
 
 from research.recurrent.layers import valid_mask
 from research.recurrent.linear_scan import linear_scan
+from research.recurrent.selective import check_scan_options
 
 Array = jax.Array
-MODES = ("parallel", "stepwise")
 
 
 def _pair(z: Array) -> tuple[Array, Array]:
@@ -84,15 +82,8 @@ class DiagonalSSM(nn.Module):
   def check_options(self) -> None:
     """ValueError for an option the layer refuses whatever its state size (subclasses add
     theirs): every float field (a ring's radius, a phase, a time step) finite, the mode,
-    the chunk size."""
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{field.name} must be a finite number, got {value!r}")
-    if self.mode not in MODES:
-      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-    if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-      raise ValueError(f"chunk_size must be a positive int, got {self.chunk_size!r}")
+    the chunk size (`check_scan_options`)."""
+    check_scan_options(self)
 
   @property
   def num_directions(self) -> int:

@@ -45,6 +45,20 @@ def flip_within_lengths(x: Array, seq_lengths: Array | None) -> Array:
   return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+def check_scan_options(layer: nn.Module) -> None:
+  """ValueError for what a linear recurrence over time refuses whatever its width: a float
+  field that is not finite, a `mode` not in MODES, a `chunk_size` that is no positive int."""
+  for field in dataclasses.fields(layer):
+    value = getattr(layer, field.name)
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ValueError(f"{field.name} must be a finite number, got {value!r}")
+  if layer.mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {layer.mode!r}")
+  if not isinstance(layer.chunk_size, int) or isinstance(layer.chunk_size, bool) \
+      or layer.chunk_size < 1:
+    raise ValueError(f"chunk_size must be a positive int, got {layer.chunk_size!r}")
+
+
 def _direction(tree: Any, k: int) -> Any:
   """Entry k of every leaf's leading (direction) axis."""
   return jax.tree.map(lambda leaf: leaf[k], tree)
@@ -72,17 +86,9 @@ class SelectiveLayer(nn.Module):
     return 2 if self.bidirectional else 1
 
   def check_options(self) -> None:
-    """ValueError for an option refused whatever the width: every float field finite, the
-    mode, the chunk size (subclasses add theirs)."""
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{field.name} must be a finite number, got {value!r}")
-    if self.mode not in MODES:
-      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-    if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) \
-        or self.chunk_size < 1:
-      raise ValueError(f"chunk_size must be a positive int, got {self.chunk_size!r}")
+    """ValueError for an option refused whatever the width (`check_scan_options`;
+    subclasses add theirs)."""
+    check_scan_options(self)
 
   def check_width(self, features: int) -> None:
     """ValueError for a width the layer cannot take (subclasses: heads that must divide it)."""
