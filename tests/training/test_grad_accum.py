@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import tiny
 
 from research import experiments
 from research.errors import ConfigError
@@ -42,10 +43,15 @@ CASES = {   # experiment: (variant, overrides); batches of 16 (kernel_regression
 }
 
 
-def config(name: str, tmp_path, **overrides):
+def experiment_config(name: str, variant: str | None):
+  """experiments/NAME.py's get_config(variant)."""
   directory = os.path.join(ROOT, "experiments")
   if directory not in sys.path:
     sys.path.insert(0, directory)
+  return importlib.import_module(name).get_config(variant)
+
+
+def config(name: str, tmp_path, **overrides):
   variant, tiny = CASES[name]
   extra = {"data.dir": str(tmp_path)} if name == "listops" else {}
   if name == "char_lm":
@@ -53,13 +59,19 @@ def config(name: str, tmp_path, **overrides):
       (tmp_path / "lib").mkdir(exist_ok=True)
       (tmp_path / "lib" / f"module_{i}.py").write_text(f"# module {i}\nx = {i}\n" * (1 + i % 5))
     extra = {"data.stdlib": str(tmp_path / "lib")}
-  return apply_overrides(importlib.import_module(name).get_config(variant),
+  return apply_overrides(experiment_config(name, variant),
                          {**STEPS, **tiny, **extra, **overrides})
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_accumulating_4_microbatches_is_the_whole_batch_gradient(name, tmp_path):
-  workload = experiments.get(name).build(config(name, tmp_path))
+  assert_4_microbatches_give_the_whole_batch_gradient(
+      experiments.get(name).build(config(name, tmp_path)))
+
+
+def assert_4_microbatches_give_the_whole_batch_gradient(workload):
+  """The loss's value and gradient, accumulated over 4 microbatches of a training batch,
+  against jax.value_and_grad of the whole batch."""
   batch = next(workload.train_data)
   params = jax.jit(workload.init)(jax.random.key(0))
   rng = jax.random.key(1)
@@ -112,3 +124,11 @@ def test_each_device_splits_its_rows_into_the_microbatches(tmp_path, monkeypatch
                                         r"config\.train\.grad_accum_steps=4 microbatches on each "
                                         r"of the 8 devices; allowed batch sizes are multiples of 32"):
     check_devices(config("sequence_tasks", tmp_path, **{"train.grad_accum_steps": 4}))
+
+
+@pytest.mark.parametrize("kind", list(tiny.SELECTIVE))
+def test_accumulation_holds_for_each_selective_recurrence(kind):
+  """4 microbatches of the block stack with Mamba, Mamba-2, GLA or DeltaNet in attention's
+  place: the whole batch's gradient (nothing in these layers mixes the rows of a batch)."""
+  assert_4_microbatches_give_the_whole_batch_gradient(
+      experiments.get("mqar").build(tiny.selective_config(kind)))

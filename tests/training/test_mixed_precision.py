@@ -62,13 +62,22 @@ def test_bfloat16_learns_like_float32_and_keeps_float32_state(name):
   assert _products_and_loss_dtypes(task, state.params) == ("bf16", jnp.float32)
 
 
-def _products_and_loss_dtypes(task, params) -> tuple[str, jnp.dtype]:
-  """(the operands' dtype of the loss's first three matrix products, the loss's dtype)."""
+def _product_operand_dtypes(task, params) -> list[tuple[str, str]]:
+  """The operands' dtypes of each matrix product of the loss, in program order."""
   batch = jax.tree.map(jnp.asarray, next(task.train_data))
   text = jax.jit(task.loss).lower(params, batch, jax.random.key(2)).as_text()
-  operands = re.findall(r"dot_general.*\(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)", text)
-  (dtype,) = {x for pair in operands[:3] for x in pair}
-  return dtype, jax.eval_shape(task.loss, params, batch, jax.random.key(2))[0].dtype
+  return re.findall(r"dot_general.*\(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)", text)
+
+
+def _loss_dtype(task, params) -> jnp.dtype:
+  batch = jax.tree.map(jnp.asarray, next(task.train_data))
+  return jax.eval_shape(task.loss, params, batch, jax.random.key(2))[0].dtype
+
+
+def _products_and_loss_dtypes(task, params) -> tuple[str, jnp.dtype]:
+  """(the operands' dtype of the loss's first three matrix products, the loss's dtype)."""
+  (dtype,) = {x for pair in _product_operand_dtypes(task, params)[:3] for x in pair}
+  return dtype, _loss_dtype(task, params)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -80,3 +89,30 @@ def test_float16_is_accepted_and_runs_the_products_in_float16(name):
   task = experiment.build(config)
   params = jax.eval_shape(task.init, jax.random.key(0))
   assert _products_and_loss_dtypes(task, params) == ("f16", jnp.float32)
+
+
+@pytest.mark.parametrize("kind", list(tiny.SELECTIVE))
+def test_float16_runs_each_selective_recurrences_projections_in_float16_near_float32(kind):
+  """Mamba, Mamba-2, GLA and DeltaNet in the block stack with model.dtype float16: their
+  projections' products in float16 (the chunked recurrences' own products stay float32, as
+  the layers' docstrings say: no product mixes the two), the loss float32, and the loss and
+  its gradient those of float32 on the same parameters within float16's roundings (11-bit
+  mantissas: relative 2⁻¹¹ a product's input, a few 10⁻³ through two blocks)."""
+  config = tiny.selective_config(kind)
+  full = experiments.get("mqar").build(config)
+  half = experiments.get("mqar").build(tiny.selective_config(kind, **{"model.dtype": "float16"}))
+  params = jax.jit(full.init)(jax.random.key(0))
+  batch = jax.tree.map(jnp.asarray, next(full.train_data))
+  products = _product_operand_dtypes(half, params)
+  assert set(products) <= {("f16", "f16"), ("f32", "f32")}
+  assert products.count(("f16", "f16")) >= 2 * config.model.num_layers   # in and out
+  assert _loss_dtype(half, params) == jnp.float32
+  (loss, _), grads = jax.jit(jax.value_and_grad(full.loss, has_aux=True))(params, batch,
+                                                                           jax.random.key(2))
+  (half_loss, _), half_grads = jax.jit(jax.value_and_grad(half.loss, has_aux=True))(
+      params, batch, jax.random.key(2))
+  np.testing.assert_allclose(half_loss, loss, rtol=2e-3)
+  flat, half_flat = (jnp.concatenate([g.ravel() for g in jax.tree.leaves(t)])
+                     for t in (grads, half_grads))
+  assert bool(jnp.all(jnp.isfinite(half_flat)))
+  assert float(jnp.linalg.norm(half_flat - flat) / jnp.linalg.norm(flat)) < 2e-2

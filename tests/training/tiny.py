@@ -27,6 +27,29 @@ def config(**overrides):
   return apply_overrides(loaded, {**OVERRIDES, **overrides})
 
 
+# A tiny mqar (length 16, width 32, 2 blocks) with a selective recurrence in attention's place:
+# kind: its state size and options at width 32
+SELECTIVE = {"mamba": (8, {}), "mamba2": (16, {"head_dim": 16}), "gla": (16, {}),
+             "deltanet": (16, {"use_gate": True})}
+
+
+def selective_config(kind: str, **overrides):
+  """The tiny mqar config with `kind` (SELECTIVE), its parallel form in chunks of 4 steps."""
+  sys.path.insert(0, ROOT)
+  import launch  # noqa: PLC0415
+  from research.training.validation import apply_overrides  # noqa: PLC0415
+
+  state_size, options = SELECTIVE[kind]
+  loaded, _ = launch.load_config(os.path.join(ROOT, "experiments", "mqar.py") + ":preset=cpu")
+  recurrence = {f"model.recurrence.{kind}.{key}": value
+                for key, value in {"chunk_size": 4, **options}.items()}
+  return apply_overrides(loaded, {
+      "data.length": 16, "data.num_pairs": 4, "data.vocab_size": 32,
+      "data.train_examples": 64, "data.eval_examples": 16, "train.batch_size": 16,
+      "model.kind": kind, "model.hidden_size": 32, "model.state_size": state_size,
+      "model.mlp_size": 0, **recurrence, **overrides})
+
+
 def task():
   """The tiny config's task, as launch.py resolves it."""
   from research import experiments  # noqa: PLC0415
