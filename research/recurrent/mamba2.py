@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from research.recurrent.selective import SelectiveLayer
+from research.recurrent.selective import SelectiveLayer, causal_conv
 
 Array = jax.Array
 F32 = jnp.float32
@@ -132,31 +132,6 @@ def ssd_step(h: Array, x: Array, dt: Array, a: Array, b: Array, c: Array
   """One step: h [B, H, P, N], x [B, H, P], dt [B, H], a [H], b, c [B, N] -> (h, y [B, H, P])."""
   h = jnp.exp(dt * a)[..., None, None] * h + jnp.einsum("bh,bhp,bn->bhpn", dt, x, b)
   return h, jnp.einsum("bhpn,bn->bhp", h, c)
-
-
-@jax.custom_vjp
-def causal_conv(inputs: Array, w: Array) -> Array:
-  """The depthwise convolution Σ_k w_k ⊙ inputs_{t+k}: inputs [B, K − 1 + T, C] (the K − 1
-  steps before the first output, then T), w [K, C] -> [B, T, C]. Its backward pass is
-  written out as shifted products and sums over (B, T): XLA's CPU backend ran autodiff's
-  (broadcasts of w, transposed) about 9× slower at T = 4096, C = 192."""
-  steps = inputs.shape[1] - w.shape[0] + 1
-  return sum(inputs[:, k:k + steps] * w[k] for k in range(w.shape[0]))
-
-
-def _causal_conv_fwd(inputs: Array, w: Array) -> tuple[Array, tuple[Array, Array]]:
-  return causal_conv(inputs, w), (inputs, w)
-
-
-def _causal_conv_bwd(residuals: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
-  inputs, w = residuals
-  width, steps = w.shape[0], g.shape[1]
-  d_inputs = sum(jnp.pad(g * w[k], ((0, 0), (k, width - 1 - k), (0, 0))) for k in range(width))
-  d_w = jnp.stack([jnp.sum(inputs[:, k:k + steps] * g, (0, 1)) for k in range(width)])
-  return d_inputs, d_w
-
-
-causal_conv.defvjp(_causal_conv_fwd, _causal_conv_bwd)
 
 
 def _skip(y: Array, x: Array, d: Array) -> Array:

