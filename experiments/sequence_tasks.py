@@ -67,7 +67,8 @@ sharing a device): results/exploratory/adding_1000/ and adding_100_phase/.
 
 Variant arguments (comma-separated key=value):
   task    copy | reverse | adding | recall                 (default adding)
-  model   rnn | lstm | gru | transformer | lru | s5        (default lstm)
+  model   rnn | lstm | gru | transformer | lru | s5 | linear_cell | mamba | mamba2 | gla |
+          deltanet                                          (default lstm)
   length  T, a positive int                                (default: the task's, below)
 """
 
@@ -149,7 +150,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.model = ml_collections.ConfigDict()   # SequenceModel's fields (the stack's keys:
                                                # research/experiments/stack_config.py)
-  config.model.kind = variant["model"]    # rnn | lstm | gru | transformer | lru | s5
+  config.model.kind = variant["model"]    # rnn | lstm | gru | transformer, or a linear recurrence
   config.model.hidden_size = 64           # recurrent state / blocks' features
   config.model.num_layers = layers(variant["task"], variant["model"])  # recurrent layers / blocks
   config.model.num_heads = 4              # attention heads
