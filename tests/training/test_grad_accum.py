@@ -43,15 +43,10 @@ CASES = {   # experiment: (variant, overrides); batches of 16 (kernel_regression
 }
 
 
-def experiment_config(name: str, variant: str | None):
-  """experiments/NAME.py's get_config(variant)."""
+def config(name: str, tmp_path, **overrides):
   directory = os.path.join(ROOT, "experiments")
   if directory not in sys.path:
     sys.path.insert(0, directory)
-  return importlib.import_module(name).get_config(variant)
-
-
-def config(name: str, tmp_path, **overrides):
   variant, tiny = CASES[name]
   extra = {"data.dir": str(tmp_path)} if name == "listops" else {}
   if name == "char_lm":
@@ -59,7 +54,7 @@ def config(name: str, tmp_path, **overrides):
       (tmp_path / "lib").mkdir(exist_ok=True)
       (tmp_path / "lib" / f"module_{i}.py").write_text(f"# module {i}\nx = {i}\n" * (1 + i % 5))
     extra = {"data.stdlib": str(tmp_path / "lib")}
-  return apply_overrides(experiment_config(name, variant),
+  return apply_overrides(importlib.import_module(name).get_config(variant),
                          {**STEPS, **tiny, **extra, **overrides})
 
 

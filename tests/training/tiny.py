@@ -19,12 +19,17 @@ OVERRIDES = {"data.length": 12, "data.eval_examples": 64, "model.hidden_size": 1
 
 def config(**overrides):
   """The tiny config as an ml_collections.ConfigDict (for in-process runs)."""
+  return _loaded(CONFIG, {**OVERRIDES, **overrides})
+
+
+def _loaded(spec: str, overrides: dict):
+  """launch.py's config `spec` (FILE:VARIANTS) with `overrides` applied."""
   sys.path.insert(0, ROOT)
   import launch  # noqa: PLC0415
   from research.training.validation import apply_overrides  # noqa: PLC0415
 
-  loaded, _ = launch.load_config(CONFIG)
-  return apply_overrides(loaded, {**OVERRIDES, **overrides})
+  loaded, _ = launch.load_config(spec)
+  return apply_overrides(loaded, overrides)
 
 
 # A tiny mqar (length 16, width 32, 2 blocks) with a selective recurrence in attention's place:
@@ -35,15 +40,10 @@ SELECTIVE = {"mamba": (8, {}), "mamba2": (16, {"head_dim": 16}), "gla": (16, {})
 
 def selective_config(kind: str, **overrides):
   """The tiny mqar config with `kind` (SELECTIVE), its parallel form in chunks of 4 steps."""
-  sys.path.insert(0, ROOT)
-  import launch  # noqa: PLC0415
-  from research.training.validation import apply_overrides  # noqa: PLC0415
-
   state_size, options = SELECTIVE[kind]
-  loaded, _ = launch.load_config(os.path.join(ROOT, "experiments", "mqar.py") + ":preset=cpu")
   recurrence = {f"model.recurrence.{kind}.{key}": value
                 for key, value in {"chunk_size": 4, **options}.items()}
-  return apply_overrides(loaded, {
+  return _loaded(os.path.join(ROOT, "experiments", "mqar.py") + ":preset=cpu", {
       "data.length": 16, "data.num_pairs": 4, "data.vocab_size": 32,
       "data.train_examples": 64, "data.eval_examples": 16, "train.batch_size": 16,
       "model.kind": kind, "model.hidden_size": 32, "model.state_size": state_size,
