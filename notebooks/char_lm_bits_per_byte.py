@@ -126,12 +126,12 @@ display(Markdown(f"{first['test/bytes'] / 1e6:.2f} MB in {first['test/files']:.0
 
 # %% [markdown]
 # ### The selective recurrences against the GRU
-# The goal of the selective recurrences' issue: the best of Mamba, Mamba-2, GLA and DeltaNet
-# (each in the transformer's blocks, with its budget: 2 000 steps) below the GRU's bits per
-# byte (3 000 steps, its own budget: about as many minutes on this CPU). The published
-# ordering is at scale: the DeltaNet paper's 1.3B models trained on 100B tokens (Yang et al.
-# 2024, Table 2) put DeltaNet ahead of Mamba and GLA in perplexity. At 0.4M parameters and
-# 5 minutes of a CPU, what a small model learns first may order them otherwise.
+# Does the best of Mamba, Mamba-2, GLA and DeltaNet (each in the transformer's blocks, with
+# its budget: 2 000 steps) score below the GRU's bits per byte (3 000 steps, its own budget;
+# on this CPU the four take two to three times the GRU's minutes for their 2 000)? The
+# published ordering is at scale: the DeltaNet paper's 1.3B models trained on 100B tokens
+# (Yang et al. 2024) put DeltaNet ahead of Mamba and GLA in perplexity. At about 0.5M
+# parameters and 2 000 steps, what a small model learns first may order them otherwise.
 
 # %%
 gru = results["gru"]["test/bits_per_byte"]
