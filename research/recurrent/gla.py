@@ -111,8 +111,10 @@ def _project(w: Weights, x: Array, temperature: float, dtype):
 def _readout(w: Weights, o: Array, r: Array, eps: float, dtype) -> Array:
   """y [..., F] float32 = (RMSNorm(o) ⊙ swish(r)) W_o, o and r [..., M, d_v]."""
   normed = o * jax.lax.rsqrt(jnp.mean(o * o, -1, keepdims=True) + eps)
-  gated = normed * w.norm_scale.astype(F32) * jax.nn.silu(r)
-  return _dot("...mv,mvf->...f", gated, w.w_o, dtype)
+  # γ applied to W_o's rows, (n ⊙ γ) W_o = n (diag(γ) W_o): γ's gradient is then a sum over
+  # [M, d_v, F] instead of a reduction over every step
+  w_o = w.norm_scale.astype(F32)[:, None] * w.w_o.astype(F32)
+  return _dot("...mv,mvf->...f", normed * jax.nn.silu(r), w_o, dtype)
 
 
 def _recur(state: Array, q: Array, k: Array, v: Array, log_alpha: Array) -> tuple[Array, Array]:
