@@ -111,7 +111,8 @@ for recipes in TRAIN.values():
   recipes.update(dict.fromkeys(LINEAR_RECURRENT, LINEAR_RECURRENT_TRAIN))
 VARIANTS = {"task": "adding", "model": "lstm", "length": ""}
 SWEEP_LENGTHS = (10, 50, 100)
-SWEEP_MODELS = ("rnn", "lstm", "gru", "transformer", "lru", "s5")   # (linear_cell: not swept)
+SWEEP_MODELS = ("rnn", "lstm", "gru", "transformer", "lru", "s5", "mamba", "mamba2", "gla",
+                "deltanet")   # (linear_cell: not swept)
 
 
 def parse_variant(arg: str | None) -> dict:
@@ -179,7 +180,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def get_sweep() -> list[dict]:
-  """Each model at each T (6 × 3 runs) of the default config's task, the adding problem,
+  """Each model at each T (10 × 3 runs) of the default config's task, the adding problem,
   with the model's recipe (steps, peak rate) and depth."""
   return [{"model.kind": kind, "data.length": length, "model.num_layers": layers("adding", kind),
            "train.num_steps": TRAIN["adding"][kind][0],

@@ -38,9 +38,9 @@ masks). The projections run in `dtype` with float32 accumulation; the convolutio
 recurrence and the readout in float32.
 
 Speed on a CPU (2 shared cores; forward + backward at x [1, T, 32], D = 64, N = 16,
-ratio of medians): the parallel form (chunks of 128) is 1.4× faster than the stepwise
-form at T = 1024, 1.5× at 4096, 1.2 to 1.4× at 16 384 (see `selective_scan` for why not
-more on a CPU: its loops' layout, not the parallelism). The parallel form's depth
+ratio of medians, results/recurrent.md): the parallel form (chunks of 128) is 1.8× faster
+than the stepwise form at T = 1024, 1.5× at 4096, 1.55× at 16 384 (see `selective_scan`
+for why not more on a CPU: its loops' layout, not the parallelism). The parallel form's depth
 (2·chunk + log(T / chunk) steps instead of T) is for accelerators, where a step's cost is
 its launch, not its width.
 """

@@ -56,9 +56,10 @@ def test_bad_variant_arguments_are_named(arg, message):
 
 def test_sweep_covers_every_model_and_length_and_validates():
   points = experiment.get_sweep()
-  assert len(points) == 18
+  assert len(points) == 30
   assert {(p["model.kind"], p["data.length"]) for p in points} == {
-      (kind, length) for kind in ("rnn", "lstm", "gru", "transformer", "lru", "s5")
+      (kind, length) for kind in ("rnn", "lstm", "gru", "transformer", "lru", "s5", "mamba",
+                                  "mamba2", "gla", "deltanet")
       for length in experiment.SWEEP_LENGTHS}
   for point in points:       # each point trains as its model's own variant would
     config = apply_overrides(experiment.get_config(), point)
