@@ -141,6 +141,41 @@ def _pair_decays(log_alpha: Array) -> Array:
   return jnp.where((t[:, None] >= t[None, :])[:, :, None, None], jnp.exp(exponent), 0.0)
 
 
+def _carry(decays: Array, adds: Array, state: Array, reverse: bool = False):
+  """S_c = diag(decays_c) S_{c−1} + adds_c over c (backwards when `reverse`) from `state`:
+  (the last S, S before each c). decays [n, ..., d_k], adds [n, ..., d_k, d_v]."""
+  def step(s, chunk):
+    decay, add = chunk
+    return decay[..., None] * s + add, s
+
+  return jax.lax.scan(step, state, (decays, adds), reverse=reverse)
+
+
+@jax.custom_vjp
+def _across_chunks(decays: Array, adds: Array, state: Array) -> tuple[Array, Array]:
+  """S_out = diag(e^{b_C}) S_in + adds from chunk to chunk (`_carry`). Its backward pass is
+  the same recurrence run backwards on the cotangents, H_{c−1} = ∂entering_c + e^{b_C,c} ⊙
+  H_c from H_{n−1} = ∂last, then ∂adds_c = H_c and ∂e^{b_C,c} = Σ_v H_c ⊙ S_in,c outside
+  the loop: a loop of one product and sum per chunk, as the forward one (autodiff's summed
+  over d_v inside it, which took XLA's CPU backend as long as the rest of the chunk form)."""
+  return _carry(decays, adds, state)
+
+
+def _across_chunks_fwd(decays, adds, state):
+  last, entering = _carry(decays, adds, state)
+  return (last, entering), (decays, entering)
+
+
+def _across_chunks_bwd(residuals, cotangents):
+  decays, entering = residuals
+  d_last, d_entering = cotangents
+  d_state, after = _carry(decays, d_entering, d_last, reverse=True)     # H_c
+  return jnp.einsum("n...kv,n...kv->n...k", after, entering), after, d_state
+
+
+_across_chunks.defvjp(_across_chunks_fwd, _across_chunks_bwd)
+
+
 def _chunked(q, k, v, log_alpha, state, size: int):
   """The chunkwise parallel form (module docstring), inputs and result as
   `gated_linear_attention`'s."""
@@ -152,12 +187,8 @@ def _chunked(q, k, v, log_alpha, state, size: int):
   after = jnp.concatenate([rest[:, :, 1:], jnp.zeros_like(rest[:, :, :1])], axis=2)  # r > s
   adds = jnp.einsum("bncmk,bncmv->nbmkv", k * jnp.exp(after), v)           # [n, B, M, d_k, d_v]
 
-  def carry(s, chunk):   # S_out = diag(e^{b_C}) S_in + adds
-    decay, add = chunk
-    return decay[..., None] * s + add, s
-
   decays = jnp.exp(jnp.moveaxis(rest[:, :, 0], 1, 0))                     # e^{b_C} [n, B, M, d_k]
-  last, entering = jax.lax.scan(carry, state, (decays, adds))
+  last, entering = _across_chunks(decays, adds, state)
   o = jnp.einsum("bntmk,nbmkv->bntmv", q * jnp.exp(into), entering)
   scores = jnp.einsum("bntmk,bnsmk,bntsmk->bntsm", q, k, _pair_decays(log_alpha))
   o = o + jnp.einsum("bntsm,bnsmv->bntmv", scores, v)
