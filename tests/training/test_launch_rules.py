@@ -214,6 +214,10 @@ def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_
   def command(name: str, *flags: str, workdir: str | None = None) -> list[str]:
     return [*tiny.launch_command(workdir or os.path.join(root, name))[2:], *flags]
 
+  # sequence_tasks' sweep at the tiny width: the selective layers' heads (GLA's and DeltaNet's
+  # state_size, Mamba-2's head_dim) must divide 16, or the points are refused before the workdir
+  narrow = ("--config.model.state_size=16", "--config.model.recurrence.mamba2.head_dim=16")
+
   cases = {
       "no target, last": (command("a", "--compile_only"), NO_TARGET),
       "no target, then a flag": (command("b", "--compile_only", "--sweep"), NO_TARGET),
@@ -223,14 +227,14 @@ def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_
                          f"choose one of: {TARGETS}"),
       "workdir under a file": (command("e", "--compile_only=t4", workdir=f"{root}/file/sub"),
                                f"workdir {root}/file/sub cannot be created (Not a directory)"),
-      "a live run's workdir": (command("f", "--compile_only=tpu-v5e-1", "--sweep", workdir=live),
+      "a live run's workdir": (command("f", "--compile_only=tpu-v5e-1", "--sweep", *narrow, workdir=live),
                                f"workdir {live} is in use by a live run (pid {os.getpid()} on "),
       "workdir without a value": ([*command("g"), "--workdir", "--sweep"], NO_WORKDIR),
       "a one-dash override": (command("i", "-config.model.bogus=1"),
                               "unknown config key config.model.bogus; keys under config.model"),
-      "a sweep into a live run's workdir": (command("j", "--sweep", workdir=live),
+      "a sweep into a live run's workdir": (command("j", "--sweep", *narrow, workdir=live),
                                             f"workdir {live} is in use by a live run (pid "),
-      "a sweep into a file": (command("k", "--sweep", workdir=f"{root}/file"),   # no warning first
+      "a sweep into a file": (command("k", "--sweep", *narrow, workdir=f"{root}/file"),   # no warning first
                               f"workdir {root}/file is a file, not a directory"),
       "a config file without --config": (
           command("h", "experiments/char_lm.py"),
