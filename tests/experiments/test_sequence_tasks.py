@@ -65,7 +65,7 @@ def test_sweep_covers_every_model_and_length_and_validates():
     config = apply_overrides(experiment.get_config(), point)
     sequence_tasks.validate(config)
     own = experiment.get_config(f"model={point['model.kind']},length={point['data.length']}")
-    for key in ("model.num_layers", "train.num_steps", "train.learning_rate"):
+    for key in ("model.num_layers", "model.state_size", "train.num_steps", "train.learning_rate"):
       section, field = key.split(".")
       assert config[section][field] == own[section][field], key
 
