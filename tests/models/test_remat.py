@@ -37,6 +37,12 @@ MODELS = {   # name: (the model with remat=…, its inputs); few layers: each co
     "deltanet": (lambda remat: SequenceModel(kind="deltanet", num_outputs=2, hidden_size=8,
                                              num_layers=1, state_size=4, remat=remat),
                  (FLOATS,)),
+    "mamba2": (lambda remat: SequenceModel(kind="mamba2", num_outputs=2, hidden_size=8,
+                                           num_layers=1, state_size=4,
+                                           recurrence={"mamba2": {"head_dim": 4}}, remat=remat),
+               (FLOATS,)),
+    "gla": (lambda remat: SequenceModel(kind="gla", num_outputs=2, hidden_size=8, num_layers=1,
+                                        state_size=4, remat=remat), (FLOATS,)),
     "lstm": (lambda remat: SequenceModel(kind="lstm", num_outputs=2, hidden_size=8,
                                          num_layers=2, remat=remat), (FLOATS,)),
 }
