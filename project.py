@@ -13,14 +13,14 @@
 there when it fails. `test` then runs its two tiers, each in its own environment: the unit
 tests in `.venv-quick`, which holds the `test` extra alone, as `quick` runs them (what they
 check must hold on a machine without the toolchains), then the `slow` and `aot` tests in
-`.venv`; it fails if either fails. Tests marked `long` (tests/markers.txt) are left to `long`,
-which keeps `test` within CI's 12 minutes on 2 cores. Plain `bench` runs recurrent, attention and
-attention_bound; `bench NAME` runs benchmarks/NAME.py with the arguments that made
-results/NAME.md, and writes its output there (the command and the commit in its first line:
-the docs quote these files) when it ends with exit status 0; a run that failed or was refused
-leaves the committed file as it was. `bench NAME arguments` with other arguments only prints
-(a different table is no replacement). `bench accelerator` writes its own report
-(runs/accelerator_report.md).
+`.venv`; it fails if either fails. Tests marked `long` (in the test files: tests/conftest.py
+says which) are left to `long`, which keeps `test` within CI's 12 minutes on 2 cores. Plain
+`bench` runs recurrent, attention and attention_bound; `bench NAME` runs benchmarks/NAME.py
+with the arguments that made results/NAME.md, and writes its output there (the command and the
+commit in its first line: the docs quote these files) when it ends with exit status 0; a run
+that failed or was refused leaves the committed file as it was. `bench NAME arguments` with
+other arguments only prints (a different table is no replacement). `bench accelerator` writes
+its own report (runs/accelerator_report.md).
 
 Needs only Python >= 3.11 and pip. The first call creates the environment a task needs and
 installs the package with its extras: `main` none in `.venv`; `test` and `bench` the `test`
@@ -56,7 +56,7 @@ PYTHON = python(VENV)
 PYTEST = ["-m", "pytest", "-n", "auto", "--dist", "loadgroup"]
 UNIT_TIER = (QUICK_VENV, "test", [*PYTEST, "-m", "not slow and not aot and not long"])
 TOOLCHAIN_TIER = (VENV, "test,aot", [*PYTEST, "-m", "(slow or aot) and not long"])
-LONG_TIER = (VENV, "test,aot", [*PYTEST, "-m", "long"])     # markers: tests/markers.txt
+LONG_TIER = (VENV, "test,aot", [*PYTEST, "-m", "long"])     # markers: tests/conftest.py
 TASKS = {
     # name: its steps, each (environment, pip extras, command run inside it; extra arguments
     # go after it)

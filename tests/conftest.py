@@ -1,7 +1,19 @@
 """Tests marked `gpu` or `tpu` run only where JAX's default backend is that accelerator;
-tests marked `slow` are started first. Besides the markers in the test files, tests/markers.txt
-marks tests `slow` (several seconds each) or `aot` (they need the `aot` extra's toolchains,
-and are skipped where those are missing): `python3 project.py quick` leaves out both.
+tests marked `slow` are started first. The test files mark their tests (a whole file with
+`pytestmark`, a test with a decorator, one case with `pytest.param(..., marks=...)`):
+
+- `slow`: launch.py subprocesses, notebooks, end-to-end runs, and the unit tests whose cases
+  took 2 s or more together on 2 quiet cores (`pytest -m "not slow" --durations=0`, at 4a0df7d);
+- `aot`: they need the `aot` extra's toolchains (cuDNN's library, the CUDA plugin, libtpu),
+  and are skipped where those are missing;
+- `long`: the long tier, left out of `python3 project.py test` (CI's 12 minutes on 2 cores)
+  and run by `python3 project.py long`: the notebooks in quick mode, compiles of whole presets
+  a benchmark also makes (`bench compile_targets`), the multi-process run, the selective
+  recurrences' 16 384-step runs, and the cases of exhaustive grids beyond one per family (the
+  others stay in the suite).
+
+`python3 project.py quick` leaves out `slow` and `aot`; `python3 project.py test` runs all but
+`long`.
 
 Parity tests state the float32 matrix precision they need with the `highest_precision`
 fixture (`pytestmark = pytest.mark.usefixtures("highest_precision")`): JAX's default on an
@@ -15,7 +27,6 @@ it. The programs compute the same values; only how fast their machine code runs 
 
 import importlib.util
 import os
-import pathlib
 
 import jax
 import pytest
@@ -27,19 +38,7 @@ COMPILE_QUICKLY = "--xla_backend_optimization_level=0"
 if jax.config.jax_platforms == "cpu":   # XLA_FLAGS is read when JAX's backends start
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMPILE_QUICKLY}".strip()
 ACCELERATOR_MARKERS = ("gpu", "tpu")
-MARKERS_FILE = pathlib.Path(__file__).with_name("markers.txt")
 AOT_MODULES = ("libtpu", "jax_cuda12_plugin", "nvidia.cudnn")   # what the `aot` extra installs
-
-
-def marked_here() -> list[tuple[str, str]]:
-  """(marker, node id) of each line of tests/markers.txt."""
-  lines = MARKERS_FILE.read_text(encoding="utf-8").splitlines()
-  return [tuple(line.split(maxsplit=1)) for line in lines if line and not line.startswith("#")]
-
-
-def is_under(nodeid: str, node: str) -> bool:
-  """Whether the test `nodeid` is `node` or one of its cases or tests."""
-  return nodeid == node or nodeid.startswith((f"{node}::", f"{node}["))
 
 
 def aot_installed() -> bool:
@@ -49,14 +48,9 @@ def aot_installed() -> bool:
     return False
 
 
-@pytest.hookimpl(tryfirst=True)   # before -m deselects by the markers given here
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
   del config
-  marked = marked_here()
-  for item in items:
-    for marker, node in marked:
-      if is_under(item.nodeid, node):
-        item.add_marker(marker)
   if not aot_installed():
     skip = pytest.mark.skip(reason="needs the aot extra's toolchains: python3 project.py test "
                                    "installs them")

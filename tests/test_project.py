@@ -206,23 +206,6 @@ def _refusal(module, argv: list[str], capsys) -> str:
   return err
 
 
-def test_every_test_that_tests_markers_txt_names_exists():
-  """A renamed test would drop out of its marker silently (and a slow or aot test run in
-  `quick`, a long one in `test`): each line names a marker the quick tier leaves out, and a
-  test file that exists with the function (or class) it names."""
-  lines = [line for line in open(os.path.join(ROOT, "tests", "markers.txt"), encoding="utf-8")
-           if line.strip() and not line.startswith("#")]
-  assert len(set(lines)) == len(lines) > 0
-  for line in lines:
-    marker, node = line.strip().split(maxsplit=1)     # a case's id may hold spaces
-    assert marker in ("slow", "aot", "long"), line
-    path, *names = node.split("::")
-    source = open(os.path.join(ROOT, path), encoding="utf-8").read()
-    for name in names:
-      name = name.split("[")[0]
-      assert f"def {name}(" in source or f"class {name}" in source, line
-
-
 def test_a_benchmark_that_runs_out_of_memory_ends_in_one_line_with_exit_status_1(monkeypatch):
   """NumPy's MemoryError and its ValueError for an array too big to index, and XLA's
   RESOURCE_EXHAUSTED (as `--lengths=2147483647` meets them) end the run in one `error:`

@@ -33,6 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 import launch  # noqa: E402
 
+pytestmark = pytest.mark.aot   # needs the `aot` extra's toolchains: skipped where they are missing
+
 # The custom call each attention implementation leaves in a compiled program.
 KERNEL_OF = {"pallas_tpu": "tpu_custom_call", "pallas_gpu": "__gpu$xla.gpu.triton",
              "cudnn": "__cudnn$fmha"}
@@ -55,8 +57,15 @@ CASES = [("nmt_dates", "tpu-v4-8"), ("sequence_tasks", "tpu-v5e-1"), ("sequence_
          ("listops_lra_bf16", "h100"), ("char_lm", "tpu-v4-8"), ("char_lm_transformer", "h100"),
          ("kernel_regression", "tpu-v5e-1"), ("listops_s5", "h100"), ("listops_s5", "tpu-v5e-1"),
          ("listops_lru", "h100"), ("listops_lru", "tpu-v5e-1"),
-         # the selective recurrences, each for both (tests/markers.txt: two of them long)
+         # the selective recurrences, each for both (six of them long: LONG)
          *((f"mqar_{kind}", target) for kind in SELECTIVE for target in ("h100", "tpu-v5e-1"))]
+# The cases left to the long tier (`python3 project.py long`), compiles a benchmark also makes
+# (`bench compile_targets`); the others stay in the suite.
+LONG = {("nmt_dates", "tpu-v4-8"), ("listops_lra_bf16", "h100"), ("char_lm_transformer", "h100"),
+        ("listops_s5", "h100"), ("listops_s5", "tpu-v5e-1"), ("listops_lru", "h100"),
+        ("listops_lru", "tpu-v5e-1"), ("mqar_mamba", "tpu-v5e-1"), ("mqar_mamba2", "h100"),
+        ("mqar_mamba2", "tpu-v5e-1"), ("mqar_gla", "h100"), ("mqar_gla", "tpu-v5e-1"),
+        ("mqar_deltanet", "tpu-v5e-1")}
 LRA_LAYERS = 1
 # S5's and the LRU's ListOps presets, compiled with one of their blocks (8 and 4, each the
 # same; S5's eight take 150 s of a core for the H100): bench compile_targets compiles them
@@ -75,7 +84,8 @@ def _config(name: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, target", CASES)
+@pytest.mark.parametrize("name, target", [
+    pytest.param(*case, marks=pytest.mark.long) if case in LONG else case for case in CASES])
 def test_every_experiment_compiles_for_each_target_with_its_kernels(name, target, tmp_path):
   config = _config(name)
   if target == "tpu-v4-8":     # 8 devices: the batch rounded down to a multiple of 8 (50 -> 48)
@@ -118,6 +128,7 @@ def test_launch_compile_only_writes_the_report_and_a_t4_gets_no_cudnn(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_oversized_batch_is_refused_in_one_line_with_each_remedy_and_nothing_is_written(
     tmp_path):
   """An LSTM over 1 000 steps with a batch of 8 192 needs about 4 times an H100: the line
@@ -158,6 +169,7 @@ def _sequence_config(**overrides):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_sweep_compiles_each_point_into_its_directory_or_writes_nothing(tmp_path):
   """For a T4 (compute capability 7.5): "auto" compiles both points; cuDNN's attention,
   named, cannot run there, and the transformer point is refused after the LSTM compiled."""

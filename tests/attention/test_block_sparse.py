@@ -219,6 +219,7 @@ def _check(names, entry, *, lengths=None, heads=(4, 2), dim=8, block_size=16,
                                  atol=1e-5 * np.abs(w).max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, lengths, names", [
     ("fixed-causal", None, ("chunked", "banded")),
     ("strided-bidirectional", (38, 3), ("dense", "chunked")),   # rows seeing no key: zeros
@@ -312,6 +313,7 @@ def test_auto_lowers_to_splash_and_triton(pattern):
 
 # ------------------------------------------------------------------ the module, memory
 
+@pytest.mark.slow
 def test_multi_head_attention_takes_the_pattern_and_decodes_it():
   """MultiHeadAttention(sparsity=...) equals the same module with the pattern's dense mask,
   and decoding token by token equals its causal pass."""
@@ -334,6 +336,7 @@ def test_multi_head_attention_takes_the_pattern_and_decodes_it():
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_memory_grows_linearly():
   """XLA's temporary memory for the gradient of BigBird attention with banded (what "auto"
   runs on a CPU beyond 256 keys): at 4× the length at most 5× (O(n), no [n, n] mask or

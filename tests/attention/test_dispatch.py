@@ -116,6 +116,7 @@ def _custom_calls(text: str) -> set[str]:
   return set(re.findall(r'custom_call @([\w$.]+)', text))
 
 
+@pytest.mark.slow
 def test_the_choice_follows_the_lowering_platform(spies):
   """One trace on this CPU: every platform's choice is staged and each lowering keeps its
   own. A bias with a window leaves splash (no bias) and cuDNN (no window with a bias)."""
@@ -147,6 +148,7 @@ def test_auto_is_the_default_everywhere(spies):
   assert MultiHeadAttention(num_heads=2).implementation == "auto"
 
 
+@pytest.mark.slow
 def test_multi_head_attention_sows_when_it_computes_the_weights(spies):
   """Named "dense", or "auto" with dropout on the weights (dense on every platform)."""
   x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 12, 16)), jnp.float32)
@@ -174,6 +176,7 @@ def _through_xla(monkeypatch):
   monkeypatch.setattr(jax.nn, "dot_product_attention", xla)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern", [
     dict(is_causal=True),
     dict(is_causal=True, window=5, key_value_seq_lengths=[40, 9]),

@@ -108,6 +108,7 @@ def test_matches_jax_nn(case):
       np.testing.assert_allclose(g, e, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_matches_torch_sdpa(implementation, is_causal):
@@ -139,6 +140,7 @@ def test_matches_torch_sdpa(implementation, is_causal):
     np.testing.assert_allclose(g, t.grad.transpose(1, 2).numpy(), atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_query_without_visible_key_gives_zeros_and_finite_gradients(implementation):
   q, k, v = _inputs(5, 1, 12, 12, 2, 2, 8)
@@ -154,6 +156,7 @@ def test_query_without_visible_key_gives_zeros_and_finite_gradients(implementati
   np.testing.assert_array_equal(jax.grad(lambda q: jnp.sum(fn(q, k, v) ** 2))(q)[:, 3], 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype,atol", [(jnp.bfloat16, 6e-2), (jnp.float16, 1e-2)])
 def test_low_precision_inputs(implementation, dtype, atol):
@@ -181,6 +184,7 @@ def _temp_bytes(implementation, length):
   return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["chunked", "banded"])
 def test_forward_backward_memory_grows_linearly(implementation):
   small, large = _temp_bytes(implementation, 1024), _temp_bytes(implementation, 4096)
@@ -225,6 +229,7 @@ def test_visit_lists_cover_exactly_the_visible_key_blocks():
     assert set(visits[i, partial:every]) == set(np.flatnonzero(full))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bias_shape", [(1, 2, 8, 35), (2, 1, 1, 35), (1, 1, 8, 1)])
 def test_banded_with_a_single_query_block_reads_its_bias(bias_shape):
   """q_len ≤ block: one query block, whose bias rows must not be taken for a broadcast."""

@@ -39,13 +39,21 @@ def _inputs(seed, b, length, heads, kv_heads, d):
                for h in (heads, kv_heads, kv_heads))
 
 
-@pytest.mark.parametrize("implementation", ["dense", "chunked", "banded"])
-@pytest.mark.parametrize("pattern", [
-    dict(is_causal=True, window=3, global_tokens=[0, 13]),
-    dict(window=(2, 4), global_tokens=[5, 6, 20], lengths=[22, 15]),
-    dict(is_causal=True, global_tokens=[1]),
-    dict(window=3, global_tokens=[2, 17], mask=True, bias=True),
-], ids=["causal_window", "two_sided_lengths", "causal_only", "mask_bias"])
+PATTERNS = {
+    "causal_window": dict(is_causal=True, window=3, global_tokens=[0, 13]),
+    "two_sided_lengths": dict(window=(2, 4), global_tokens=[5, 6, 20], lengths=[22, 15]),
+    "causal_only": dict(is_causal=True, global_tokens=[1]),
+    "mask_bias": dict(window=3, global_tokens=[2, 17], mask=True, bias=True),
+}
+IMPLEMENTATIONS = ("dense", "chunked", "banded")
+LONG = {("causal_window", "chunked")}   # in the long tier: a grid case beyond one per family
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern, implementation", [
+    pytest.param(pattern, implementation, id=f"{name}-{implementation}",
+                 marks=pytest.mark.long if (name, implementation) in LONG else ())
+    for name, pattern in PATTERNS.items() for implementation in IMPLEMENTATIONS])
 def test_matches_jax_nn_with_the_longformer_mask(implementation, pattern):
   b, length, heads, kv_heads, d = 2, 22, 4, 2, 8
   q, k, v = _inputs(0, b, length, heads, kv_heads, d)
@@ -83,6 +91,7 @@ def test_matches_jax_nn_with_the_longformer_mask(implementation, pattern):
       np.testing.assert_allclose(ours_grad, theirs_grad, atol=5e-5)
 
 
+@pytest.mark.slow
 def test_global_tokens_change_the_output_only_through_the_mask():
   """Without global tokens the pattern is the plain window (the empty list is no pattern)."""
   q, k, v = _inputs(1, 1, 20, 2, 2, 8)

@@ -78,6 +78,7 @@ class TestReinforce:
         jax.random.split(sample_rng, N_SAMPLES), jnp.stack([0.0, baseline]))
     return baseline, gradients
 
+  @pytest.mark.slow
   def test_unbiased_with_and_without_baseline_and_baseline_reduces_variance(self):
     exact = np.asarray(jax.grad(self.expected_reward)(self.params)["score"]["w"]).ravel()
     assert np.all(np.abs(exact) > 1e-3)
@@ -109,6 +110,7 @@ def test_baseline_helpers_follow_their_formulas():
     update_moving_average_baseline(0.0, rewards, decay=1.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.5, 2.0])
 def test_straight_through_is_one_hot_forward_with_soft_gradient(temperature):
   rng = np.random.default_rng(4)

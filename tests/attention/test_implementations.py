@@ -65,6 +65,7 @@ def _visible(is_causal, window, lengths, mask):
   return visible[:, None] & np.asarray(mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registered_implementations())
 def test_every_registered_implementation_matches_jax_nn(name):
   """A case built from the implementation's own capabilities: all of them at once."""
@@ -238,6 +239,7 @@ def test_register_refuses_duplicates_and_bad_capabilities(registry):
   assert Implementation("x", _jax_nn([]), platforms=["gpu"]).platforms == frozenset({"gpu"})
 
 
+@pytest.mark.slow
 def test_multi_head_attention_sows_by_the_returns_weights_capability(registry):
   """A custom implementation that returns weights is sown like dense; one that does not
   gives the same output, sows nothing and refuses dropout, naming the implementations that can."""

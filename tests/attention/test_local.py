@@ -37,6 +37,7 @@ def reference_weights(logits, positions, half_window, lengths):
   return weights
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(batch=st.integers(1, 2), q_len=st.integers(1, 4), kv_len=st.integers(1, 8),
        half_window=st.integers(1, 5), integer_positions=st.booleans(), use_lengths=st.booleans(),

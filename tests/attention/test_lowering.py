@@ -18,6 +18,8 @@ from research.attention import MultiHeadAttention, dot_product_attention, platfo
 pytestmark = pytest.mark.usefixtures("highest_precision")
 
 TPU, TRITON, CUDNN = "tpu_custom_call", "__gpu$xla.gpu.triton", "__cudnn$fmha"
+# The tests and cases marked `aot` lower cuDNN's kernel for CUDA: they need the `aot` extra's
+# toolchains (tests/conftest.py skips them where those are missing).
 
 
 def _kernels(lowered) -> str:
@@ -32,7 +34,8 @@ def _inputs(dtype, length=256, heads=2, d=64):
 
 @pytest.mark.parametrize("dtype, pattern, expected", [
     ("float32", dict(is_causal=True), {"cpu": "", "tpu": TPU, "cuda": TRITON}),
-    ("bfloat16", dict(is_causal=True), {"cpu": "", "tpu": TPU, "cuda": CUDNN}),
+    pytest.param("bfloat16", dict(is_causal=True), {"cpu": "", "tpu": TPU, "cuda": CUDNN},
+                 marks=pytest.mark.aot),
     ("bfloat16", dict(is_causal=True, window=32, global_tokens=[0, 1]),
      {"cpu": "", "tpu": TPU, "cuda": TRITON}),        # cuDNN has no global tokens
     ("float32", dict(bias=True), {"cpu": "", "tpu": "", "cuda": TRITON}),   # splash: no bias
@@ -56,7 +59,7 @@ def test_auto_lowers_to_each_platforms_kernel(dtype, pattern, expected):
 @pytest.mark.parametrize("name, dtype, native, kernel", [
     ("pallas_tpu", "float32", "tpu", TPU),
     ("pallas_gpu", "float32", "cuda", TRITON),
-    ("cudnn", "bfloat16", "cuda", CUDNN),
+    pytest.param("cudnn", "bfloat16", "cuda", CUDNN, marks=pytest.mark.aot),
 ])
 def test_a_named_kernel_is_the_real_one_on_its_platform_and_refused_elsewhere(name, dtype, native,
                                                                              kernel):
@@ -73,6 +76,7 @@ def test_a_named_kernel_is_the_real_one_on_its_platform_and_refused_elsewhere(na
       traced.lower(lowering_platforms=(platform,))
 
 
+@pytest.mark.aot
 def test_a_gpu_below_compute_capability_8_gets_neither_cudnn_nor_triton():
   """A T4 (7.5): cuDNN's flash attention and XLA's Triton need 8.0, so auto goes portable."""
   q, k, v = _inputs("bfloat16")
@@ -90,6 +94,7 @@ class _Block(nn.Module):
     return MultiHeadAttention(num_heads=2, dtype=jnp.bfloat16)(x, is_causal=True) + x
 
 
+@pytest.mark.aot
 def test_a_model_exported_for_three_platforms_holds_each_kernel_and_runs_here():
   x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 256, 128)), jnp.bfloat16)
   model = _Block()

@@ -58,6 +58,7 @@ def output(heads, p):
   return np.einsum("bthd,hdo->bto", np.asarray(heads), np.asarray(p["kernel"])) + np.asarray(p["bias"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
 def test_matches_flax_multi_head_dot_product_attention(cross):
   x = normal(0, (B, T, D))
@@ -95,6 +96,7 @@ def test_weighted_values_reads_key_value_head_h_over_g():
   np.testing.assert_allclose(weighted_values(weights, v), expected, atol=ATOL, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["dense", "chunked"])
 def test_multi_query_equals_full_heads_with_repeated_key_value_projections(implementation):
   x = normal(0, (B, T, D))
@@ -110,6 +112,7 @@ def test_multi_query_equals_full_heads_with_repeated_key_value_projections(imple
       atol=ATOL, rtol=1e-5)
 
 
+@pytest.mark.slow
 @settings(max_examples=4, deadline=None)
 @given(batch=st.just(2), q_len=st.sampled_from([1, 4]), kv_len=st.sampled_from([1, 5]),
        groups=st.sampled_from([(2, 1), (2, 2)]), seed=st.integers(0, 2**16))
@@ -131,6 +134,7 @@ def test_shapes_and_masks_match_jax_nn(batch, q_len, kv_len, groups, seed):
   np.testing.assert_allclose(out, output(heads, params["out"]), atol=ATOL, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation,window", [("chunked", None), ("chunked", (2, 1)),
                                                    ("banded", 3)])
 def test_chunked_and_banded_equal_dense(implementation, window):
@@ -146,6 +150,7 @@ def test_chunked_and_banded_equal_dense(implementation, window):
   np.testing.assert_allclose(out, expected, atol=ATOL, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation,window,step_sizes", [
     ("dense", None, [1] * T), ("chunked", None, [1] * T), ("dense", 2, [3, 1, 2, 1]),
     ("chunked", 2, [1] * T), ("banded", (2, 0), [1] * T)],
@@ -175,6 +180,7 @@ def test_kv_cache_rejects_cross_attention():
     MultiHeadAttention(num_heads=H, decode=True).init(jax.random.key(0), x, x)
 
 
+@pytest.mark.slow
 def test_attention_dropout():
   x = normal(0, (B, T, D))
   module = MultiHeadAttention(num_heads=H, dropout_rate=0.5)

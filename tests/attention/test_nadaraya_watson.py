@@ -41,6 +41,7 @@ def test_matches_numpy_formula(kernel):
     assert 0 < np.count_nonzero(expected_weights[1:]) < expected_weights[1:].size  # support matters
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["box", "triangle"])
 def test_query_outside_the_support_returns_zeros_with_finite_gradients(kernel):
   keys = jnp.linspace(0.0, 1.0, 6)[:, None]
@@ -93,6 +94,7 @@ def test_invalid_arguments_raise(kwargs, match):
     nadaraya_watson(jnp.zeros((2, 1)), jnp.zeros((3, 1)), jnp.zeros((3, 1)), **kwargs)
 
 
+@pytest.mark.slow
 def test_learning_the_bandwidth_lowers_the_error():
   """y = 2 sin x + x^0.8 + noise: leave-one-out training of h from an oversmoothed start."""
   rng = np.random.default_rng(0)

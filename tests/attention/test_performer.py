@@ -52,6 +52,7 @@ def torch_favor(q, k, v, w, causal):
   return out.permute(0, 2, 1, 3).numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_favor_matches_performer_pytorch(causal):
   q, k, v = normal(0, (B, N, H, D)), normal(1, (B, N, H, D)), normal(2, (B, N, H, 3))
@@ -105,6 +106,7 @@ def test_error_against_softmax_falls_with_features():
   assert errors[-1] < errors[0] / 2, errors
 
 
+@pytest.mark.slow
 def test_module_causal_padded_fixed_or_redrawn():
   x = normal(9, (B, N, 8))
   module = PerformerSelfAttention(num_heads=H, num_features=M, redraw=True)
@@ -162,6 +164,7 @@ def test_gram_schmidt_is_lapacks_qr_with_a_positive_diagonal():
   np.testing.assert_allclose(jax.jit(gram_schmidt)(g), q * np.sign(np.diag(r)), atol=1e-5)
 
 
+@pytest.mark.aot
 def test_the_module_compiles_for_a_chip_this_machine_lacks():
   """Under a mesh of compile-only devices nothing can run eagerly: W is drawn in the step,
   with no LAPACK call (the step compiled for a TPU v5e chip, deviceless)."""

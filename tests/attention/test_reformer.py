@@ -44,6 +44,7 @@ def torch_lsh(qk, v, rotations, *, causal, lengths):
   return out.numpy().reshape(B, H, N, -1).transpose(0, 2, 1, 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rounds,causal", [(3, False), (2, True)])
 def test_lsh_attention_matches_reformer_pytorch(rounds, causal):
   qk, v = normal(0, (B, N, H, D)), normal(1, (B, N, H, D))
@@ -109,6 +110,7 @@ def test_padding_matches_the_algorithm_spelt_out():
   assert all(np.all(np.isfinite(g)) for g in gradients)
 
 
+@pytest.mark.slow
 def test_module_causal_padding_and_rotations():
   x = normal(2, (B, 7, 8))                                 # padded to 8 inside
   module = LSHSelfAttention(num_heads=H, chunk_size=C, num_hashes=2, redraw=True)

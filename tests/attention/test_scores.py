@@ -86,6 +86,7 @@ def random_params(name: str, d_q: int, d_k: int, rng) -> dict[str, np.ndarray]:
           for n, shape in parameter_shapes(name, d_q, d_k).items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODULES))
 @settings(max_examples=6, deadline=None)
 @given(batch=st.lists(st.integers(1, 3), max_size=2), q_len=st.integers(1, 4),

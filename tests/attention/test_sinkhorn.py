@@ -104,6 +104,7 @@ def test_sinkhorn_balancing_converges_to_doubly_stochastic():
   np.testing.assert_allclose(p.sum(-2), 1.0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_module_causal_padding_and_gumbel_noise():
   x = normal(6, (B, 7, 8))                               # padded to 8 inside
   module = SinkhornSelfAttention(num_heads=H, max_len=8, block_size=C, gumbel_noise=True)

@@ -80,6 +80,7 @@ def torch_layout(params: dict, same_embed_dim: bool, bias: bool) -> dict[str, np
   return layout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_forward_weights_and_gradients_match_torch(config, mask_kind):

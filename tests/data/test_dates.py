@@ -20,6 +20,7 @@ def test_locales_and_formats():
   assert {"short", "medium", "long", "full"} < set(dates.FORMATS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", list(dates.SPLITS))
 def test_source_is_babel_rendering_of_target(split):
   dropped = set(dates.ambiguous_combinations())

@@ -173,6 +173,7 @@ def test_lanes_hold_every_text_once_after_its_file_start(num_lanes):
   assert scored.shape[1] >= max(sizes[1], sum(sizes) / num_lanes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,chunk", [("lstm", 1), ("gru", 7)])
 def test_carried_state_in_chunks_equals_one_pass_over_each_lane(kind, chunk):
   model, params = model_and_params(kind)
@@ -182,6 +183,7 @@ def test_carried_state_in_chunks_equals_one_pass_over_each_lane(kind, chunk):
   assert ours == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context,stride", [(13, 5), (8, 8)])
 def test_sliding_windows_score_each_byte_once_with_its_window(context, stride):
   model, params = model_and_params("transformer")

@@ -87,6 +87,7 @@ def test_gaussian_predictions_equal_statsmodels_kernelreg(seed, h):
   np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("h", [0.1, 0.25, 1.0])
 def test_leave_one_out_mse_equals_statsmodels_cv_loo(h):
   arrays = data.generate(2)
@@ -109,6 +110,7 @@ def test_loo_bandwidth_agrees_with_statsmodels_cv_ls(seed):
   assert ours == pytest.approx(reference, rel=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["gaussian", "box", "triangle"])
 def test_every_kernel_and_bandwidth_choice_matches_the_formulas(kernel):
   config = apply_overrides(experiment.get_config(), {"seed": 7, "model.grid_size": 60})

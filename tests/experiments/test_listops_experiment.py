@@ -180,6 +180,7 @@ def test_lras_own_file_names_are_read_and_a_foreign_token_is_named(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_tiny_run_trains_in_buckets_and_reports_test_accuracy(tmp_path):
   config = tiny_config(tmp_path, "preset=cpu,attention=longformer")
   final = train_and_evaluate(config, str(tmp_path / "run"), experiments.get("listops"))

@@ -61,6 +61,7 @@ def test_decoded_metrics_count_tokens_up_to_eos_and_reject_trailing_output():
   np.testing.assert_allclose(metrics["exact_match"][0], [1, 0, 0])
 
 
+@pytest.mark.slow
 def test_user_corpus_is_split_and_its_vocabulary_saved(tmp_path):
   lines = [f"{n} apples\t{n} pommes\textra column" for n in range(200)]
   corpus = tmp_path / "pairs.tsv"
@@ -85,6 +86,7 @@ def test_a_corpus_too_small_for_its_splits_is_named(tmp_path):
     nmt_dates.load_data(tiny_config(**{"data.corpus": str(corpus), "train.batch_size": 128}))
 
 
+@pytest.mark.slow
 def test_tiny_run_lowers_the_loss_and_writes_predictions_and_heatmaps(tmp_path):
   final = train_and_evaluate(tiny_config(), str(tmp_path), experiments.get("nmt_dates"))
   with open(tmp_path / "metrics.jsonl") as f:

@@ -136,6 +136,7 @@ def log_softmax(logits):
 
 
 # evaluate / loss recompute the forward pass; compared within 1e-5: float32 products, not TF32
+@pytest.mark.slow
 @pytest.mark.usefixtures("highest_precision")
 @pytest.mark.parametrize("task, kind", [("copy", "gru"), ("reverse", "rnn"), ("adding", "lstm"),
                                         ("recall", "transformer")])
@@ -175,6 +176,7 @@ def test_evaluate_and_loss_match_a_hand_computation(task, kind):
   assert set(train_metrics) == set(expected) - {"loss"}
 
 
+@pytest.mark.slow
 def test_fifty_adamw_steps_reduce_the_loss():
   config = small_config("task=adding,model=lstm", **{"train.batch_size": 32})
   build = sequence_tasks.build(config)

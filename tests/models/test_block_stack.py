@@ -44,6 +44,7 @@ def test_the_three_models_hold_one_stacks_parameters():
     assert shapes(params["stack"]) == expected, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, draw", [("performer", "orthogonal_random_features"),
                                           ("reformer", "lsh_rotations")])
 @pytest.mark.parametrize("name", ["SequenceModel", "LanguageModel", "EncoderClassifier"])
@@ -67,6 +68,7 @@ def test_performer_and_reformer_draw_per_layer(name, module, draw, monkeypatch):
   assert not np.allclose(drawn_values[0], drawn_values[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["SequenceModel", "LanguageModel", "EncoderClassifier"])
 def test_bigbird_draws_its_random_blocks_per_layer(name):
   """The key positions each query sees (the nonzero attention weights, sown by the dense

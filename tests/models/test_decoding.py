@@ -35,6 +35,7 @@ def random_model():
   return model, params
 
 
+@pytest.mark.slow
 def test_greedy_follows_the_teacher_forced_argmax(random_model):
   model, params = random_model
   tokens, weights = greedy_decode(model, params, SOURCE, LENGTHS, bos_id=BOS, eos_id=EOS,
@@ -65,6 +66,7 @@ def test_beam_size_one_is_greedy(random_model):
   assert score.shape == (4,) and np.all(score <= 0)
 
 
+@pytest.mark.slow
 def test_decoding_compiles_once_per_shape(random_model):
   model, params = random_model
   decode = lambda source, lengths: (

@@ -32,6 +32,7 @@ def _tokens(seed, batch, length):
 # Every attention ignores padded keys in a block (test_transformer_block.py); here, the model
 # around them: CLS and mean pooling, both norms, both positions, an attention of each family
 # (dense, windowed, global tokens, a projection over the length, hashing) and the recurrences.
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,pooling,norm,positions", [
     *((attention, "cls", "post", "learned")
       for attention in ("full", "longformer", "linformer", "reformer")),
@@ -52,6 +53,7 @@ def test_padding_changes_nothing(attention, pooling, norm, positions):
   np.testing.assert_allclose(apply(params, garbage, lengths), expected, atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,sees_far_tokens", [
     ("local", False), ("longformer", True), ("full", True)])
 def test_the_cls_token_sees_what_the_pattern_lets_it(attention, sees_far_tokens):
@@ -69,6 +71,7 @@ def test_the_cls_token_sees_what_the_pattern_lets_it(attention, sees_far_tokens)
   assert (np.abs(far - base).max() > 1e-4) == sees_far_tokens
 
 
+@pytest.mark.slow
 def test_bfloat16_products_give_float32_logits_close_to_float32():
   tokens, lengths = _tokens(2, 2, 16), jnp.array([16, 11])
   params = jax.jit(_model(num_layers=1).init)(jax.random.key(2), tokens, lengths)

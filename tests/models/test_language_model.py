@@ -27,6 +27,7 @@ def byte_tokens(batch: int, length: int, seed: int = 0) -> jnp.ndarray:
   return jnp.asarray(np.random.default_rng(seed).integers(0, 256, (batch, length)), jnp.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_chunks_with_carried_state_equal_one_pass(kind):
   model, params = make(kind)
@@ -45,6 +46,7 @@ def test_chunks_with_carried_state_equal_one_pass(kind):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [0, 3])
 def test_the_transformer_is_causal_and_windowed(window):
   model, params = make("transformer")
@@ -63,6 +65,7 @@ def test_the_transformer_is_causal_and_windowed(window):
   assert np.all(difference[reach:] == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lru", "s5"])
 def test_linear_recurrence_blocks_are_causal_with_no_carry(kind):
   """lru / s5 blocks run the recurrence forward only: changing byte j leaves the logits
@@ -76,6 +79,7 @@ def test_linear_recurrence_blocks_are_causal_with_no_carry(kind):
   assert np.all(difference[:j] == 0) and np.all(difference[j:] > 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,context", [("lstm", 64), ("transformer", 6)])
 def test_greedy_sampling_takes_the_argmax_of_a_whole_pass_over_its_window(kind, context):
   """Drawn byte t + 1 is the argmax of the logits at t of one pass over the `context`
@@ -120,7 +124,8 @@ def test_an_unknown_kind_and_a_transformer_carry_are_refused():
     model.apply({"params": params}, byte_tokens(1, 4), jnp.zeros((2, 1, 16)))
 
 
-@pytest.mark.parametrize("kind", ["transformer", "gru", "linear_cell"])
+@pytest.mark.parametrize("kind", ["transformer", "gru",
+                                  pytest.param("linear_cell", marks=pytest.mark.long)])
 def test_tied_logits_are_a_dense_head_holding_the_embedding_read_at_the_positions(kind):
   vocab = 40
   tied = LanguageModel(kind=kind, hidden_size=16, num_layers=2, embed_size=16, num_heads=2,

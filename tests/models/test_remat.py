@@ -56,6 +56,7 @@ MODELS = {   # name: (the model with remat=…, its inputs); few layers: each co
 # others agree to 1e-6 relative. A recomputation that changed the model
 # (another dropout mask, a stale state) is O(1).
 TOLERANCE = {"mamba": (1e-4, 1e-5), "deltanet": (1e-4, 1e-5)}
+LONG = {"lru", "mamba", "mamba2", "gla"}   # the long tier's: the suite keeps one recurrence
 
 
 def loss_and_grads(model, inputs):
@@ -68,7 +69,8 @@ def loss_and_grads(model, inputs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.long) if name in LONG
+                                  else name for name in MODELS])
 def test_remat_keeps_the_names_outputs_and_gradients(name):
   make, inputs = MODELS[name]
   rematted = ("block", "dots_saveable")
@@ -88,12 +90,13 @@ def test_remat_keeps_the_names_outputs_and_gradients(name):
 
 
 @pytest.mark.slow
+@pytest.mark.aot
 def test_remat_block_lowers_the_gradient_steps_memory_compiled_for_a_t4():
   """4 layers over 256 positions, where the activations dominate: XLA's figure of the
   temporary buffers of the step compiled for a T4 (deviceless). XLA's CPU backend drops
   the optimisation barriers that keep the recomputation late, so a CPU figure would not
   fall."""
-  devices = targets.devices_of(targets.get("t4"))   # aot (tests/markers.txt)
+  devices = targets.devices_of(targets.get("t4"))   # the aot extra's CUDA plugin (marked aot)
   mesh = jax.sharding.Mesh(np.array(devices), ("data",))
   put = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=jax.NamedSharding(
       mesh, jax.sharding.PartitionSpec()))

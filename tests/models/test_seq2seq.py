@@ -70,6 +70,7 @@ VARIANTS = [  # attention, style, cell, bidirectional
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention, style, cell, bidirectional", VARIANTS)
 def test_every_attention_runs_and_ignores_padding(attention, style, cell, bidirectional):
   model = Seq2Seq(**TINY, kind=cell, bidirectional=bidirectional, attention=attention,
@@ -153,6 +154,7 @@ def test_bahdanau_queries_the_previous_state():
     assert np.abs(with_current_state - weights[:, t]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_hard_attention_training_modes():
   """Gumbel straight-through: one-hot weights, and a decoder step's gradient reaches the
   score; REINFORCE: sampled one-hot weights on real positions and log p(s_t) [B, T] sown
@@ -197,6 +199,7 @@ def reversal_batch(rng, batch, vocab, max_len):
   return source, lengths.astype(np.int32), target_in, target_out
 
 
+@pytest.mark.slow
 def test_training_on_reversal_lowers_the_loss():
   source, lengths, target_in, target_out = reversal_batch(np.random.default_rng(0), 32, 8, 5)
   model = Seq2Seq(source_vocab_size=8, target_vocab_size=8, embed_size=16, hidden_size=32,

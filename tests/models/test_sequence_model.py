@@ -24,6 +24,7 @@ def floats(seed=0):
   return jnp.asarray(np.random.default_rng(seed).uniform(size=(B, L, 2)), jnp.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, layer, head, token_inputs", [
     ("rnn", RNN, "per_position", True), ("lstm", LSTM, "last", False),
     ("gru", GRU, "per_position", False)])
@@ -53,6 +54,7 @@ def test_transformer_output_shapes(head, shape, token_inputs):
   assert {f"block{i}" for i in range(2)} <= set(params["stack"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention, window, reaches", [("full", 0, True), ("local", 2, False)])
 def test_transformer_first_position_reads_the_last_input_unless_windowed(attention, window,
                                                                          reaches):
@@ -89,6 +91,7 @@ def test_unknown_kind_head_or_attention_is_rejected(field, value):
     model.init(jax.random.key(0), floats())
 
 
+@pytest.mark.slow
 def test_recurrence_options_reach_each_blocks_layer():
   """`recurrence` sets the LRU's ring: every |λ| = exp(−exp(ν_log)) of both blocks lies in
   [r_min, r_max] (the paper's parametrisation), which the default ring [0, 1] would not

@@ -39,8 +39,10 @@ def params_of(layer):
           "mlp_in": dense(layer.linear1), "mlp_out": dense(layer.linear2)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm, is_causal, padded", [
-    ("pre", True, False), ("post", False, True), ("pre", False, True), ("post", True, False)])
+    pytest.param("pre", True, False, marks=pytest.mark.long), ("post", False, True),
+    ("pre", False, True), pytest.param("post", True, False, marks=pytest.mark.long)])
 def test_the_block_equals_torchs_transformer_encoder_layer(norm, is_causal, padded):
   torch, layer = torch_layer(norm_first=norm == "pre")
   x = np.random.default_rng(0).normal(size=(B, L, F)).astype(np.float32)
@@ -112,6 +114,7 @@ def test_the_gate_after_the_mixer_is_the_papers_glu(gate):
   np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_dropout_acts_on_both_branches_and_the_hidden_units_in_training_only():
   """With train=True the output changes and depends on the dropout key; train=False equals
   rate 0; the activation dropout alone changes the output too."""
@@ -130,6 +133,7 @@ def test_dropout_acts_on_both_branches_and_the_hidden_units_in_training_only():
     assert not np.allclose(drawn[0], reference) and not np.allclose(drawn[0], drawn[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SELF_ATTENTIONS)
 def test_every_attention_is_a_block_and_ignores_padded_keys(name):
   """Changing the inputs at padded positions leaves the real positions' outputs unchanged."""

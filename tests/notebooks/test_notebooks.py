@@ -22,6 +22,7 @@ def test_notebook_is_paired_with_its_script(name):
   assert cells(notebook) == cells(script), "run: jupytext --sync notebooks/*.py"
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_in_quick_mode(name, monkeypatch):
   monkeypatch.setenv("NOTEBOOK_QUICK", "1")

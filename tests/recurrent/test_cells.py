@@ -76,6 +76,7 @@ def torch_cell_params(module, suffix=""):
 # Inside flax.linen.RNN (flax's own scan over single steps).
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rnn_tanh", "rnn_relu", "lstm", "gru"])
 def test_cell_in_flax_rnn_matches_torch_cell_and_fused_layer(name):
   """nn.RNN(our cell) == torch.nn.RNNCell / LSTMCell / GRUCell stepped by hand, with
@@ -116,6 +117,7 @@ def test_cell_in_flax_rnn_matches_torch_cell_and_fused_layer(name):
   np.testing.assert_allclose(h_n[0], torch_carry[1] if name == "lstm" else torch_carry, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CELLS))
 def test_flax_rnn_with_lengths_equals_fused_layer(name):
   """nn.RNN(cell, seq_lengths) (flax's own padding logic) == the fused layer with
@@ -252,6 +254,7 @@ def test_initialize_carry_is_what_a_step_takes_and_returns(name):
   assert not np.allclose(y, 0.0)
 
 
+@pytest.mark.slow
 def test_default_init_is_torch_uniform():
   """U(-1/√H, 1/√H) for every weight and bias (torch's reset_parameters), H ≠ D: bounds,
   spread, mean 0 and standard deviation b/√3 on a cell large enough to measure them."""
@@ -272,6 +275,8 @@ def test_default_init_is_torch_uniform():
       assert abs(value.std() - bound / math.sqrt(3)) < 0.05 * bound, name
 
 
+@pytest.mark.slow
+@pytest.mark.long
 def test_layer_default_init_is_torch_uniform():
   """Every cell of a layer, the projection included, gets its own U(-1/√H, 1/√H) draw."""
   bound = 1.0 / math.sqrt(H)

@@ -141,8 +141,9 @@ def delta_rule_both(chunk, q, k, v, beta, s0, cot_o, cot_s):
     pytest.param(7, 3, "near1", id="beta_near_1"),
     pytest.param(7, 3, "to2", id="beta_to_2"),
     pytest.param(64, 64, "uniform", id="long_chunk"),
-    pytest.param(7, 1, "uniform", id="chunks_of_1", marks=pytest.mark.slow),
-    pytest.param(7, 16, "uniform", id="one_chunk_longer_than_T", marks=pytest.mark.slow)])
+    pytest.param(7, 1, "uniform", id="chunks_of_1", marks=[pytest.mark.slow, pytest.mark.long]),
+    pytest.param(7, 16, "uniform", id="one_chunk_longer_than_T",
+                 marks=[pytest.mark.slow, pytest.mark.long])])
 def test_delta_rule_matches_fla_recurrence(steps, chunk, kind):
   """Both forms against fla's delta_rule_recurrence (q scaled by d_k^−1/2 inside, as ours),
   from a random initial state: outputs and final state within 1e-5, the gradients of q, k,
@@ -231,11 +232,12 @@ LAYER_CASES = {
     "no_conv_chunks_of_1": dict(conv_size=0, chunk_size=1),
     "conv_1": dict(conv_size=1),
 }
-SLOW_LAYER_CASES = ("conv_1",)   # an edge (a conv of one tap, no cache) beside the others
+# An edge (a conv of one tap, no cache) beside the others: slow, and in the long tier.
+SLOW_LAYER_CASES = ("conv_1",)
 
 
 @pytest.mark.parametrize("mode", ["parallel", "stepwise"])
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow)
+@pytest.mark.parametrize("case", [pytest.param(case, marks=[pytest.mark.slow, pytest.mark.long])
                                   if case in SLOW_LAYER_CASES else case for case in LAYER_CASES])
 def test_layer_matches_fla_layer_equations(case, mode):
   """Outputs and the final carry within 1e-5, the gradients of x, every parameter and the
@@ -402,6 +404,7 @@ def test_initialisation_is_pytorchs_default_as_in_fla_layer():
 
 # A 16 384-step sequence: several seconds of compilation and running.
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_long_sequence_at_the_initialisation_stays_finite_and_the_forms_agree():
   """T = 16 384 at fla's layer initialisation (β = σ(·) up to 1, the keys unit vectors):
   the state stays bounded (each step a contraction), the two forms agree, the gradients are

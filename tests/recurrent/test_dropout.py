@@ -102,8 +102,10 @@ def _single_layer(module, k, input_size):
   return single
 
 
-@pytest.mark.parametrize("cell,bidirectional,batch_first",
-                         [("lstm", True, False), ("gru", False, True), ("rnn_tanh", True, True)])
+@pytest.mark.slow
+@pytest.mark.parametrize("cell,bidirectional,batch_first", [   # two in the long tier
+    pytest.param("lstm", True, False, marks=pytest.mark.long),
+    pytest.param("gru", False, True, marks=pytest.mark.long), ("rnn_tanh", True, True)])
 def test_train_mode_layer_by_layer_against_torch(cell, bidirectional, batch_first):
   num_layers = 3
   module = make_torch(cell, D, H, num_layers=num_layers, bidirectional=bidirectional,

@@ -253,6 +253,7 @@ def test_bfloat16_computation():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_long_sequence_at_the_initialisation_is_finite_and_the_forms_agree():
   """T = 16 384 at the paper's initialisation, chunks of 64 (the cumulative log-gate of a
   chunk is about −2.8; of the sequence, −700): outputs, carry and every gradient finite and

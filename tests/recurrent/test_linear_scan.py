@@ -48,6 +48,7 @@ def draws(complex_state: bool):
   return a, b, h0, cotangent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("complex_state", [True, False], ids=["complex", "real_broadcast"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "stepwise"])

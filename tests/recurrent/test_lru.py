@@ -64,6 +64,7 @@ def outputs_only(module, variables, x):
   return module.apply(variables, x)[0], jnp.zeros(())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["parallel", "stepwise"])
 def test_matches_lru_pytorch_outputs_and_gradients(mode):
   """Both forms against torch's loop: outputs, and the gradients of every parameter (the

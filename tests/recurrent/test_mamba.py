@@ -296,6 +296,7 @@ def test_selective_scan_is_the_s6_recurrence_written_out():
 
 
 @pytest.mark.slow   # 16 384 steps, three programs compiled: 3 to 6 s
+@pytest.mark.long
 def test_long_sequences_stay_finite_and_the_forms_agree():
   """T = 16 384 at the paper's initialisation: the chunks' decays exp(A Σ Δ) underflow at
   worst; outputs of the two forms agree and the gradients are finite."""

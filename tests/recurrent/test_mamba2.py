@@ -195,8 +195,8 @@ def outputs_carry_and_grads(module, variables, x, cotangent, **kwargs):
 
 @pytest.mark.parametrize("mode, chunk", [
     ("parallel", 3), ("stepwise", 3),
-    pytest.param("parallel", 1, marks=pytest.mark.slow),
-    pytest.param("parallel", 16, marks=pytest.mark.slow)])
+    pytest.param("parallel", 1, marks=[pytest.mark.slow, pytest.mark.long]),
+    pytest.param("parallel", 16, marks=[pytest.mark.slow, pytest.mark.long])])
 def test_block_matches_its_equations_outputs_carry_and_gradients(mode, chunk):
   """From a random carry, with lengths T and 4: each sequence's outputs (zero past its
   length), its final carry, and the gradients of <y, cotangent> + Σ carry for x and every
@@ -288,6 +288,7 @@ def test_bfloat16_computation():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_long_sequences_stay_finite_and_the_forms_agree():
   """T = 16 384 at the initialisation and with Δ ≈ 20 (ΔA down to −320 a step): the sums of
   ΔA over the sequence reach −10⁵, an overflow for any exp of them with the sign flipped."""

@@ -58,6 +58,8 @@ GRID = [(*cell, num_layers, bidirectional, *LAYOUTS_AND_STATES[(i + i // 4) % 4]
             CELL_CONFIGS, (1, 2, 3), (False, True), (False, True)))]
 
 
+@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize(
     "cell,proj_size,num_layers,bidirectional,batch_first,init_state,use_lengths", GRID,
     ids=["-".join([CELL_IDS[CELL_CONFIGS.index((c, p))], f"{n}layers", "bi" if b else "uni",
@@ -80,9 +82,15 @@ EDGES = {  # name: (batch, time, input_size, hidden), lengths (None: unpacked), 
 EDGE_CASES = [(cell, proj, edge) for edge in EDGES
               for cell, proj in ([("rnn_tanh", 0), ("lstm", 0), ("gru", 0)] if edge == "hidden1"
                                  else [("rnn_tanh", 0), ("lstm", P), ("gru", 0)])]
+LONG_EDGES = {("rnn_tanh", 0, "batch1"), ("rnn_tanh", 0, "hidden1"), ("gru", 0, "batch1"),
+              ("gru", 0, "hidden1"), ("lstm", P, "batch1"), ("lstm", 0, "hidden1"),
+              ("lstm", P, "time1")}   # the long tier's: the suite keeps rnn_tanh's and gru's time1
 
 
-@pytest.mark.parametrize("cell,proj_size,edge", EDGE_CASES,
+@pytest.mark.slow
+@pytest.mark.parametrize("cell,proj_size,edge", [
+    pytest.param(*case, marks=pytest.mark.long) if case in LONG_EDGES else case
+    for case in EDGE_CASES],
                          ids=[f"{CELL_IDS[CELL_CONFIGS.index((c, p))]}-{e}" for c, p, e in EDGE_CASES])
 def test_edge_shapes(cell, proj_size, edge):
   """Time length 1, batch 1 and hidden size 1; bidirectional, with h0 (c0)."""
@@ -94,9 +102,13 @@ def test_edge_shapes(cell, proj_size, edge):
 
 # Every cell time-major, and the one with every state (LSTM with a projection) batch-first too.
 UNBATCHED = [(cell, proj, False) for cell, proj in CELL_CONFIGS] + [("lstm", P, True)]
+LONG_UNBATCHED = {("lstm", 0, False), ("rnn_tanh", 0, False), ("lstm", P, True)}   # long tier
 
 
-@pytest.mark.parametrize("cell,proj_size,batch_first", UNBATCHED, ids=[
+@pytest.mark.slow
+@pytest.mark.parametrize("cell,proj_size,batch_first", [
+    pytest.param(*case, marks=pytest.mark.long) if case in LONG_UNBATCHED else case
+    for case in UNBATCHED], ids=[
     f"{CELL_IDS[CELL_CONFIGS.index((c, p))]}-{'batch_first' if f else 'time_major'}"
     for c, p, f in UNBATCHED])
 def test_unbatched_input(cell, proj_size, batch_first):
@@ -111,7 +123,9 @@ def test_unbatched_input(cell, proj_size, batch_first):
   assert_matches_torch(module, ours, ref)
 
 
-@pytest.mark.parametrize("cell,proj_size", [("lstm", P), ("gru", 0)], ids=[f"lstm_proj{P}", "gru"])
+@pytest.mark.slow
+@pytest.mark.parametrize("cell,proj_size", [
+    ("lstm", P), pytest.param("gru", 0, marks=pytest.mark.long)], ids=[f"lstm_proj{P}", "gru"])
 def test_unbatched_without_initial_state(cell, proj_size):
   module = make_torch(cell, D, H, num_layers=2, bidirectional=True, proj_size=proj_size)
   inputs = random_inputs(module, None, T, init_state=False, unbatched=True)
@@ -197,6 +211,8 @@ def test_zero_length_sequence_keeps_initial_state(cell, proj_size, bidirectional
     assert_close(our_param(ours["d_params"], name), expected, 1e-4, name)
 
 
+@pytest.mark.slow
+@pytest.mark.long
 @settings(max_examples=8, deadline=None)
 @given(lengths=st.lists(st.integers(1, T), min_size=B, max_size=B),
        cell=st.sampled_from(CELL_CONFIGS), num_layers=st.integers(1, 3),

@@ -31,6 +31,7 @@ pytestmark = [
 # jit: the compiled program (what users run) against torch, forward and gradients.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell,proj_size,bidirectional,batch_first,use_lengths", [
     ("lstm", P, True, False, True),
     ("gru", 0, True, True, True),
@@ -46,6 +47,8 @@ def test_jit_matches_torch(cell, proj_size, bidirectional, batch_first, use_leng
 # vmap over an extra leading axis: equal to separate calls.
 
 
+@pytest.mark.slow
+@pytest.mark.long
 def test_vmap_over_extra_batch_axis_forward_and_per_example_gradients():
   """jit(vmap(value_and_grad)) over x [N, B, T, D], h0, c0 and lengths == N separate calls."""
   n = 2
@@ -108,7 +111,10 @@ def flax_scan_stack(make_cell, params, x, h0, c0, lengths, num_layers):
   return jnp.swapaxes(x, 0, 1), jnp.stack(h_n), None if c0 is None else jnp.stack(c_n)
 
 
-@pytest.mark.parametrize("name", list(CELL_LAYERS))
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [   # the long tier's but lstm_proj
+    pytest.param(name, marks=pytest.mark.long) if name in ("rnn_relu", "gru") else name
+    for name in CELL_LAYERS])
 def test_grad_matches_autodiff_of_flax_scan(name):
   make_cell, make_layer = CELL_LAYERS[name]
   num_layers, is_lstm = 1, name.startswith("lstm")

@@ -184,6 +184,7 @@ def test_an_export_writes_its_directory_alone_and_exporting_again_replaces_it(ex
   assert again["export_step_5/metadata.json"] == first["export_step_5/metadata.json"]
 
 
+@pytest.mark.aot
 def test_the_cuda_and_tpu_programs_are_exported_and_name_their_unguaranteed_kernels(
     exported, monkeypatch):
   """The sequence_tasks transformer's CUDA attention is XLA's Triton kernel, which needs a
@@ -264,7 +265,9 @@ def _is_old(directory: str) -> bool:
   return os.path.exists(os.path.join(directory, "old"))
 
 
-@pytest.mark.parametrize("point", ["writing", "after the exchange", "between the two renames"])
+@pytest.mark.parametrize("point", [pytest.param("writing", marks=pytest.mark.long),
+                                   pytest.param("after the exchange", marks=pytest.mark.long),
+                                   "between the two renames"])
 def test_a_killed_export_leaves_the_old_or_the_new_and_the_next_export_cleans_up(
     point, exported, tmp_path, monkeypatch):
   """At each point a kill leaves the old export or the new one whole at export_step_5 (but

@@ -83,6 +83,7 @@ def _signal_after_step_120(workdir: str, signum: int) -> tuple[int, str, int]:
   return process.returncode, stderr, step
 
 
+@pytest.mark.long
 def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
   workdir = str(tmp_path)
   status, stderr, step = _signal_after_step_120(workdir, signal.SIGTERM)

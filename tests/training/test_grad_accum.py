@@ -58,7 +58,9 @@ def config(name: str, tmp_path, **overrides):
                          {**STEPS, **tiny, **extra, **overrides})
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [  # two in the long tier: the suite keeps the others
+    pytest.param(name, marks=pytest.mark.long) if name in ("nmt_dates", "listops") else name
+    for name in CASES])
 def test_accumulating_4_microbatches_is_the_whole_batch_gradient(name, tmp_path):
   assert_4_microbatches_give_the_whole_batch_gradient(
       experiments.get(name).build(config(name, tmp_path)))
@@ -121,7 +123,9 @@ def test_each_device_splits_its_rows_into_the_microbatches(tmp_path, monkeypatch
     check_devices(config("sequence_tasks", tmp_path, **{"train.grad_accum_steps": 4}))
 
 
-@pytest.mark.parametrize("kind", list(tiny.SELECTIVE))
+@pytest.mark.parametrize("kind", [  # Mamba-2's and GLA's in the long tier
+    pytest.param(kind, marks=pytest.mark.long) if kind in ("mamba2", "gla") else kind
+    for kind in tiny.SELECTIVE])
 def test_accumulation_holds_for_each_selective_recurrence(kind):
   """4 microbatches of the block stack with Mamba, Mamba-2, GLA or DeltaNet in attention's
   place: the whole batch's gradient (nothing in these layers mixes the rows of a batch)."""

@@ -28,7 +28,8 @@ def _user_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signals, gap", [(2, 0.0), (2, 0.05), (5, 0.01)],
+@pytest.mark.parametrize("signals, gap", [pytest.param(2, 0.0, marks=pytest.mark.long), (2, 0.05),
+                                          pytest.param(5, 0.01, marks=pytest.mark.long)],
                          ids=["2 at once", "2 50 ms apart", "5 10 ms apart"])
 def test_ctrl_c_twice_or_more_names_the_latest_saved_checkpoint(tmp_path, signals, gap):
   workdir = str(tmp_path)
@@ -52,6 +53,7 @@ def test_ctrl_c_twice_or_more_names_the_latest_saved_checkpoint(tmp_path, signal
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_rerun_resumes_from_the_checkpoint_the_line_named(tmp_path):
   workdir = str(tmp_path)
   process = tiny.start(workdir, **ENDLESS)

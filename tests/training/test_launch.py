@@ -87,6 +87,7 @@ for strategy in sys.argv[2:]:
 """
 
 
+@pytest.mark.long
 def test_jit_and_pmap_on_8_devices_match_one_device(tmp_path):
   """Global batch 16 on 8 simulated devices (jit mesh and pmap) against 1 device."""
   runs = {8: ["jit", "pmap"], 1: ["jit"]}
@@ -145,6 +146,7 @@ def get_config(arg=None):
 """
 
 
+@pytest.mark.long
 def test_one_config_load_and_one_validation_per_launch(tmp_path):
   """A config file registering its own task, counting how often launch.py uses it."""
   config = tmp_path / "counting.py"

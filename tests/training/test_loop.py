@@ -26,6 +26,7 @@ from research.training.metrics import NonFiniteLossError
 from research.training.sweep import run_sweep
 
 
+@pytest.mark.slow
 def test_trains_once_compiled_and_fills_the_workdir(tmp_path, capsys):
   workdir = str(tmp_path)
   final = train_and_evaluate(tiny.config(**{"train.profile_steps": "41,43"}), workdir, tiny.task())
@@ -79,12 +80,14 @@ def _poisoned(first_bad: int):
       train_data=_PoisonedStream(task.build(config).train_data, first_bad=first_bad)))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path):
   with pytest.raises(NonFiniteLossError, match=r"loss is nan at step 26.*checkpoint \(step 20\)"):
     train_and_evaluate(tiny.config(), str(tmp_path), _poisoned(first_bad=26))
   assert os.listdir(tmp_path / "checkpoints") == ["20"]
 
 
+@pytest.mark.slow
 def test_a_run_of_another_config_takes_over_a_workdir_only_where_nothing_was_saved(tmp_path,
                                                                                  capsys):
   """A run that failed before its first checkpoint (a NaN loss at step 15) leaves nothing
@@ -113,6 +116,7 @@ def test_a_run_of_another_config_takes_over_a_workdir_only_where_nothing_was_sav
   assert _tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_sigterm_late_in_a_step_still_saves_the_step_it_reports(tmp_path, monkeypatch):
   """The signal lands after the step decided whether to save (inside its non-blocking
   save check), so the loop must save and stop at the next step, not report an unsaved one."""
@@ -140,6 +144,7 @@ def _corrupt(checkpoint, data_files_only: bool) -> None:
         open(os.path.join(root, name), "w").close()
 
 
+@pytest.mark.slow
 def test_unreadable_checkpoints_are_set_aside_without_replacing_each_other(tmp_path, caplog,
                                                                             capsys):
   workdir = str(tmp_path)
@@ -225,6 +230,7 @@ def _tree(directory) -> dict:
           for root, _, names in os.walk(directory) for name in names}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, message", [
     (lambda params: {("rnn" if k == "recurrent" else k): v for k, v in params.items()},
      r"params/recurrent/\S+ \([\d, ]+\) is in the checkpoint but not in the model"),
@@ -319,6 +325,7 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
     assert f.readline().rstrip().split(",")[:2] == ["train.learning_rate", "diverged"]
 
 
+@pytest.mark.slow
 def test_sweep_writes_a_summary_and_skips_finished_points(tmp_path):
   config = tiny.config(**{"train.num_steps": 20, "train.eval_every": 20})
   points = [{"model.kind": "rnn"}, {"model.kind": "gru"}]

@@ -48,6 +48,7 @@ def _train(config):
   return np.array(losses), state, task
 
 
+@pytest.mark.long   # both its cases
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_bfloat16_learns_like_float32_and_keeps_float32_state(name):
   f32_losses, _, _ = _train(EXPERIMENTS[name]())
@@ -91,7 +92,9 @@ def test_float16_is_accepted_and_runs_the_products_in_float16(name):
   assert _products_and_loss_dtypes(task, params) == ("f16", jnp.float32)
 
 
-@pytest.mark.parametrize("kind", list(tiny.SELECTIVE))
+@pytest.mark.parametrize("kind", [  # Mamba-2's and GLA's in the long tier
+    pytest.param(kind, marks=pytest.mark.long) if kind in ("mamba2", "gla") else kind
+    for kind in tiny.SELECTIVE])
 def test_float16_runs_each_selective_recurrences_projections_in_float16_near_float32(kind):
   """Mamba, Mamba-2, GLA and DeltaNet in the block stack with model.dtype float16: their
   projections' products in float16 (the chunked recurrences' own products stay float32, as

@@ -51,6 +51,7 @@ def _checkpoints(workdir: str) -> list[int]:
   return sorted(int(name) for name in os.listdir(os.path.join(workdir, "checkpoints")))
 
 
+@pytest.mark.long
 def test_two_processes_stop_together_resume_and_set_aside_like_one_process(tmp_path):
   """A SIGTERM to process 1 alone stops both after the same step, saved; the rerun resumes
   there, and the records equal one process's with 8 devices; a rerun from an earlier

@@ -20,7 +20,8 @@ from research.training.train_step import (
 
 
 @pytest.mark.parametrize("kind, slow", [
-    ("lru", {"nu_log", "theta_log", "gamma_log", "scale", "bias"}),
+    pytest.param("lru", {"nu_log", "theta_log", "gamma_log", "scale", "bias"},
+                 marks=pytest.mark.long),
     ("s5", {"Lambda_re", "Lambda_im", "log_step", "scale", "bias"}),
     ("mamba", {"A_log", "dt_bias", "scale", "bias"})])
 def test_each_group_steps_as_optax_alone_on_it(kind, slow):

@@ -286,6 +286,7 @@ def nmt_workdir(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_nmt_dates_run_in_bfloat16_restores_from_its_files_with_its_vocabularies(
     nmt_workdir, tmp_path):
   workdir, config, workload, params = nmt_workdir
@@ -342,6 +343,7 @@ np.savez({out!r} + "/kernel_regression.npz", predictions=test_restore._predictio
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_run_on_8_devices_restores_on_1_and_a_run_on_1_on_8(trained, tmp_path):
   """One subprocess with 8 CPU devices trains the tiny sequence_tasks run (jit over a mesh of
   8) and restores the kernel_regression run of 1 device; this process (1 device) restores the

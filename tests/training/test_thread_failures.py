@@ -166,6 +166,7 @@ def _unraisable(make_and_drop) -> object:
   return args
 
 
+@pytest.mark.slow
 def test_only_a_closed_event_loops_late_callback_from_native_code_is_benign():
   """tensorstore completes a future after the event loop awaiting it (an abandoned Orbax
   save's) has closed: native code calls loop.call_soon_threadsafe, which raises. A weakref

@@ -56,6 +56,7 @@ def _offline_settings(**changes):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_offline_run_holds_every_record_the_config_and_the_plots(tmp_path):
   workdir = str(tmp_path / "run")
   final = train_and_evaluate(tiny.config(**{"wandb.mode": "offline"}), workdir, tiny.task())
