@@ -1,6 +1,6 @@
 """Tests marked `gpu` or `tpu` run only where JAX's default backend is that accelerator;
 tests marked `slow` are started first. The test files mark their tests (a whole file with
-`pytestmark`, a test with a decorator, one case with `pytest.param(..., marks=...)`):
+`pytestmark`, a test with a decorator, a case of the long tier with `tiers.long_cases`):
 
 - `slow`: launch.py subprocesses, notebooks, end-to-end runs, and the unit tests whose cases
   took 2 s or more together on 2 quiet cores (`pytest -m "not slow" --durations=0`, at 4a0df7d);

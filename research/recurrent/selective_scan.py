@@ -44,8 +44,8 @@ from the state kept before it (with ∂C), then its steps backwards with the gra
 Speed on a CPU (XLA, 2 cores shared with other jobs; the Mamba layer's forward + backward
 at x [1, T, 32], D = 64, N = 16; ratio of medians of interleaved rounds): stepwise /
 parallel (chunks of 128) = 1.8 at T = 1024, 1.5 at T = 4096, 1.55 at T = 16 384
-(results/recurrent.md); before this layout, chunks of 64 in [R, D, N] and a first pass per chunk kept as a state
-per step, 1.0, 0.8 and 0.75. Not the ≥ 3× an accelerator gives: here a step costs its
+(results/recurrent.md); before this layout, chunks of 64 in [R, D, N] and a first pass per
+chunk kept as a state per step, 1.0, 0.8 and 0.75. Not the ≥ 3× an accelerator gives: here a step costs its
 D·N numbers of work, not the loop (4096 iterations of a one-number body take < 0.1 ms;
 each fused operation of a step 0.2 to 0.5 µs), and the chunked form does more of that
 work (each chunk twice each way). Its gain over the stepwise form is its layout: the

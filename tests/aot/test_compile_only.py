@@ -23,6 +23,7 @@ import subprocess
 import sys
 
 import pytest
+from tiers import long_cases
 
 from research import experiments
 from research.errors import ConfigError
@@ -84,8 +85,7 @@ def _config(name: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, target", [
-    pytest.param(*case, marks=pytest.mark.long) if case in LONG else case for case in CASES])
+@pytest.mark.parametrize("name, target", long_cases(CASES, LONG))
 def test_every_experiment_compiles_for_each_target_with_its_kernels(name, target, tmp_path):
   config = _config(name)
   if target == "tpu-v4-8":     # 8 devices: the batch rounded down to a multiple of 8 (50 -> 48)

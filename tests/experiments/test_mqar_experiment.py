@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from tiers import long_cases
 
 from research import experiments
 from research.experiments import mqar
@@ -140,9 +141,8 @@ def test_the_training_set_is_fixed_and_the_evaluation_set_apart():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", [  # three in the long tier
-    pytest.param(model, marks=pytest.mark.long) if model in ("performer", "lru", "mamba") else model
-    for model in ("full", "performer", "linear_cell", "lru", "mamba", "gru")])
+@pytest.mark.parametrize("model", long_cases(  # three in the long tier
+    ["full", "performer", "linear_cell", "lru", "mamba", "gru"], ("performer", "lru", "mamba")))
 def test_a_model_of_each_family_learns(model):
   """60 AdamW steps lower the loss of a model of each family by a tenth at least."""
   overrides = {key: value for key, value in experiment.model_keys(model, 16).items()}

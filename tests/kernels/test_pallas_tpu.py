@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiers import long_cases
 
 from research.attention import dot_product_attention, registry
 from research.attention.kernels import pallas_tpu
@@ -86,8 +87,7 @@ LONG = {(case, jnp.float32) for case in (   # the long tier's: the suite keeps t
     "odd lengths, GQA", "window, global tokens, lengths", "queries beyond the keys")}
 
 
-@pytest.mark.parametrize("case, dtype", [
-    pytest.param(*param, marks=pytest.mark.long) if param in LONG else param for param in PARAMS],
+@pytest.mark.parametrize("case, dtype", long_cases(PARAMS, LONG),
                          ids=[f"{c}-{jnp.dtype(d).name}" for c, d in PARAMS])
 def test_matches_jax_nn(case, dtype):
   q_len, kv_len, heads, kv_heads, pattern, block_size = CASES[case]

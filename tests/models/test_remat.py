@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiers import long_cases
 
 from research.aot import targets
 from research.errors import ConfigError
@@ -69,8 +70,7 @@ def loss_and_grads(model, inputs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.long) if name in LONG
-                                  else name for name in MODELS])
+@pytest.mark.parametrize("name", long_cases(list(MODELS), LONG))
 def test_remat_keeps_the_names_outputs_and_gradients(name):
   make, inputs = MODELS[name]
   rematted = ("block", "dots_saveable")

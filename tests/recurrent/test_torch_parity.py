@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import long_cases
 from torch_reference import (
   LENGTHS,
   B,
@@ -88,9 +89,7 @@ LONG_EDGES = {("rnn_tanh", 0, "batch1"), ("rnn_tanh", 0, "hidden1"), ("gru", 0, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cell,proj_size,edge", [
-    pytest.param(*case, marks=pytest.mark.long) if case in LONG_EDGES else case
-    for case in EDGE_CASES],
+@pytest.mark.parametrize("cell,proj_size,edge", long_cases(EDGE_CASES, LONG_EDGES),
                          ids=[f"{CELL_IDS[CELL_CONFIGS.index((c, p))]}-{e}" for c, p, e in EDGE_CASES])
 def test_edge_shapes(cell, proj_size, edge):
   """Time length 1, batch 1 and hidden size 1; bidirectional, with h0 (c0)."""
@@ -106,9 +105,7 @@ LONG_UNBATCHED = {("lstm", 0, False), ("rnn_tanh", 0, False), ("lstm", P, True)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cell,proj_size,batch_first", [
-    pytest.param(*case, marks=pytest.mark.long) if case in LONG_UNBATCHED else case
-    for case in UNBATCHED], ids=[
+@pytest.mark.parametrize("cell,proj_size,batch_first", long_cases(UNBATCHED, LONG_UNBATCHED), ids=[
     f"{CELL_IDS[CELL_CONFIGS.index((c, p))]}-{'batch_first' if f else 'time_major'}"
     for c, p, f in UNBATCHED])
 def test_unbatched_input(cell, proj_size, batch_first):

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiers import long_cases
 from torch_reference import (
   LENGTHS,
   B,
@@ -112,9 +113,7 @@ def flax_scan_stack(make_cell, params, x, h0, c0, lengths, num_layers):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [   # the long tier's but lstm_proj
-    pytest.param(name, marks=pytest.mark.long) if name in ("rnn_relu", "gru") else name
-    for name in CELL_LAYERS])
+@pytest.mark.parametrize("name", long_cases(list(CELL_LAYERS), ("rnn_relu", "gru")))
 def test_grad_matches_autodiff_of_flax_scan(name):
   make_cell, make_layer = CELL_LAYERS[name]
   num_layers, is_lstm = 1, name.startswith("lstm")

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 import tiny
+from tiers import long_cases
 
 from research import experiments
 from research.errors import ConfigError
@@ -58,9 +59,7 @@ def config(name: str, tmp_path, **overrides):
                          {**STEPS, **tiny, **extra, **overrides})
 
 
-@pytest.mark.parametrize("name", [  # two in the long tier: the suite keeps the others
-    pytest.param(name, marks=pytest.mark.long) if name in ("nmt_dates", "listops") else name
-    for name in CASES])
+@pytest.mark.parametrize("name", long_cases(list(CASES), ("nmt_dates", "listops")))
 def test_accumulating_4_microbatches_is_the_whole_batch_gradient(name, tmp_path):
   assert_4_microbatches_give_the_whole_batch_gradient(
       experiments.get(name).build(config(name, tmp_path)))
@@ -123,9 +122,7 @@ def test_each_device_splits_its_rows_into_the_microbatches(tmp_path, monkeypatch
     check_devices(config("sequence_tasks", tmp_path, **{"train.grad_accum_steps": 4}))
 
 
-@pytest.mark.parametrize("kind", [  # Mamba-2's and GLA's in the long tier
-    pytest.param(kind, marks=pytest.mark.long) if kind in ("mamba2", "gla") else kind
-    for kind in tiny.SELECTIVE])
+@pytest.mark.parametrize("kind", long_cases(list(tiny.SELECTIVE), ("mamba2", "gla")))
 def test_accumulation_holds_for_each_selective_recurrence(kind):
   """4 microbatches of the block stack with Mamba, Mamba-2, GLA or DeltaNet in attention's
   place: the whole batch's gradient (nothing in these layers mixes the rows of a batch)."""
