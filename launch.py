@@ -70,17 +70,16 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from research.errors import ConfigError, RunFailed, UserError
   from research.training import (
     Stopped,
-    compilation_cache,
+    compile,
     distributed,
     run_sweep,
     thread_failures,
     train_and_evaluate,
   )
   from research.training.compile_only import REPORT, SUMMARY, compile_sweep, table, target_name
-  from research.training.eval_only import evaluate_checkpoint
   from research.training.export import export_run
   from research.training.loop import Interrupted
-  from research.training.run import RestoreWarning
+  from research.training.run import RestoreWarning, evaluate_checkpoint
   from research.training.validation import check_base_keys, check_key, get, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -112,7 +111,7 @@ flags.DEFINE_string(
     COMPILE_ONLY_FLAG, None, "compile the train and eval steps for TARGET (no such device "
     f"needed: {', '.join(targets.TARGETS)}), write compile_report.json, train nothing")
 _COMPILATION_CACHE = flags.DEFINE_string(
-    "compilation_cache", compilation_cache.DEFAULT_DIRECTORY, "where JAX's persistent "
+    "compilation_cache", compile.CACHE_DIRECTORY, "where JAX's persistent "
     "compilation cache keeps compiled steps for later runs; '' switches it off")
 flags.DEFINE_bool("verbose", False, "show tracebacks and the libraries' INFO logs")
 
@@ -420,7 +419,7 @@ def main(work: Callable[[], None], verbose: bool, arguments: list[str]) -> None:
     quiet_libraries()
   try:
     check_no_arguments(arguments)
-    compilation_cache.enable(_COMPILATION_CACHE.value, flags.FLAGS["compilation_cache"].present)
+    compile.enable_cache(_COMPILATION_CACHE.value, flags.FLAGS["compilation_cache"].present)
     work()
     thread_failures.join_other_threads()
     thread_failures.raise_if_failed("after the command's work was done (what it wrote is "

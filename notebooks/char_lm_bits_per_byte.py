@@ -57,7 +57,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
 from research.training import apply_overrides
-from research.training.plots import figure_png
+from research.training.metrics import figure_png
 
 QUICK, experiment, workdir = notebook.setup(root, "char_lm")
 SIZE = ({"train.num_steps": 20, "train.warmup_steps": 0, "train.log_every": 10,

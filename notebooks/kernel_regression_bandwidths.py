@@ -119,7 +119,7 @@ import numpy as np
 
 from research import predict, training
 from research.data.regression_1d import true_function
-from research.training.plots import figure_png
+from research.training.metrics import figure_png
 
 restored = training.restore(run)
 x_train, y_train = restored.extras["x_train"], restored.extras["y_train"]

@@ -58,7 +58,7 @@ from IPython.display import Image, Markdown, display
 from research.experiments.listops import LRA_TABLE_1
 from research.training import apply_overrides
 from research.training.sweep import point_name
-from research.training.plots import figure_png
+from research.training.metrics import figure_png
 
 QUICK, experiment, workdir = notebook.setup(root, "listops", runs="listops_cpu")
 SIZE = ({"data.min_tree_length": 8, "data.max_tree_length": 150, "data.train_examples": 256,

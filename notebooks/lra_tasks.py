@@ -65,7 +65,7 @@ from IPython.display import Image, Markdown, display
 from research.data import pathfinder
 from research.experiments.lra import LRA_TABLE_1, RECURRENCE_PAPERS
 from research.training import apply_overrides
-from research.training.plots import figure_png
+from research.training.metrics import figure_png
 from research.training.sweep import point_name
 
 QUICK, experiment, workdir = notebook.setup(root, "lra", runs="pathfinder_cpu")

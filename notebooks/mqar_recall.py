@@ -58,7 +58,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Image, Markdown, display
 
-from research.training.plots import figure_png
+from research.training.metrics import figure_png
 from research.training.validation import apply_overrides
 
 QUICK, experiment, workdir = notebook.setup(root, "mqar", runs="mqar_cpu")

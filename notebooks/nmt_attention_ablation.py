@@ -125,7 +125,7 @@ print(json.dumps({k: round(v, 4) for k, v in results["Bahdanau additive"].items(
 import matplotlib.pyplot as plt
 
 from research import predict, training
-from research.training.plots import figure_png
+from research.training.metrics import figure_png
 
 restored = training.restore(os.path.join(workdir, VARIANTS["Bahdanau additive"]))
 DATES = ["14 janvier 2024", "2024年1月14日", "Sunday, January 14, 2024"]

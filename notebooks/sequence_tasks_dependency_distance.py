@@ -55,7 +55,7 @@ import json
 import matplotlib.pyplot as plt
 from IPython.display import Image, Markdown, display
 
-from research.training.plots import figure_png
+from research.training.metrics import figure_png
 from research.training.sweep import point_name
 
 QUICK, experiment, workdir = notebook.setup(root, "sequence_tasks")

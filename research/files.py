@@ -1,17 +1,9 @@
 """Files that runs and sweeps write and read back, written whole or not at all.
 
 Every file the runtime writes and later reads (config.json, final_metrics.json, a sweep's
-summaries, an experiment's files and report, generated data, plots) goes through `atomic_write`:
-the content is written to a temporary file beside the target, flushed to disk, and renamed
-over it (`os.replace`, atomic on POSIX). A kill or a full disk at any moment leaves the
-previous file or the new one, never a part of one; a failed write removes its temporary.
-
-A file cut short can still be met (written by an older version, copied by hand):
-`read_json` names it and what is wrong in one line (`UnreadableFile`), for the caller to
-refuse or recover.
-
-A set of files written together (a generated data set) is written under `locked`, an flock on
-a lock file beside it, which its readers hold too: no process reads a set another is writing.
+summaries, an experiment's files and report, generated data, plots) goes through
+`atomic_write`; `read_json` names a file cut short, and a set of files written together (a
+generated data set) is written and read under `locked`.
 """
 
 import contextlib
@@ -33,7 +25,12 @@ class UnreadableFile(ValueError):
 def atomic_write(path: str | os.PathLike, mode: str = "w", **open_args) -> Iterator[IO]:
   """An open file (mode "w" or "wb") whose content replaces `path` when the block ends
   without an exception; until then `path` is untouched. The new file gets the usual
-  permissions (the umask's), not a temporary file's private ones."""
+  permissions (the umask's), not a temporary file's private ones.
+
+  The content is written to a temporary file beside the target, flushed to disk, and renamed
+  over it (`os.replace`, atomic on POSIX). A kill or a full disk at any moment leaves the
+  previous file or the new one, never a part of one; a failed write removes its temporary.
+  """
   path = os.fspath(path)
   directory, name = os.path.split(path)
   temporary = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
@@ -57,7 +54,9 @@ def locked(path: str | os.PathLike, what: str, shared: bool = False) -> Iterator
   block runs: exclusive, or `shared` with other shared holders. When another process holds it,
   says so in one line on stderr ("waiting for <what> (lock <path>)") and waits. A lock file
   removed or replaced meanwhile (someone deleted the folder) is opened again, until the file
-  locked is the one at `path`. The kernel releases the lock when its holder dies.
+  locked is the one at `path`. The kernel releases the lock when its holder dies. A set of
+  files written together (a generated data set) is written under it and read under it
+  `shared`: no process reads a set another is writing.
 
   A shared lock in a place this process cannot write (a read-only data directory, where it can
   generate nothing) takes the lock file read-only when it exists, and is held without one when
@@ -135,7 +134,9 @@ def read_json(path: str | os.PathLike, kind: type = dict) -> Any:
   """The JSON value of `path`, which must be a `kind`.
 
   Raises FileNotFoundError if there is no such file, UnreadableFile naming the file and
-  the fault (empty, cut short or not JSON, not UTF-8, not a `kind`, an OS error).
+  the fault (empty, cut short or not JSON, not UTF-8, not a `kind`, an OS error): a file cut
+  short can still be met (written by an older version, copied by hand), and is named in one
+  line for the caller to refuse or recover.
   """
   path = os.fspath(path)
   try:

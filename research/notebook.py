@@ -2,16 +2,11 @@
 
 The install cell puts the checkout `root` on `sys.path` and calls `install(root)`; the next
 cell reads the notebook's mode, experiment and work directory from `setup`, and trains
-with `train` (one run) or `sweep` (a config's points):
-
-    from research import notebook
-    QUICK, experiment, workdir = notebook.setup(root, "nmt_dates")
-    final_metrics = notebook.train(experiment.get_config("attention=dot"), workdir)
-
-Only the standard library is imported at module level: `install` runs before the
-package's dependencies are installed.
+with `train` (one run) or `sweep` (a config's points).
 """
 
+# The standard library alone at module level: install() runs before the package's
+# dependencies are installed.
 import contextlib
 import importlib
 import importlib.metadata
@@ -50,7 +45,13 @@ def setup(root: str, experiment: str, runs: str | None = None,
 
   quick: `NOTEBOOK_QUICK=1` in the environment (CI runs every notebook so). workdir: a new
   temporary directory in quick mode, else root/runs/<runs, default the experiment's name>,
-  where finished runs are read back rather than trained again."""
+  where finished runs are read back rather than trained again. The cell after the install
+  cell:
+
+      from research import notebook
+      QUICK, experiment, workdir = notebook.setup(root, "nmt_dates")
+      final_metrics = notebook.train(experiment.get_config("attention=dot"), workdir)
+  """
   quick = os.environ.get(QUICK_VARIABLE, "0") == "1"
   configs = os.path.join(root, "experiments")        # the experiments' config files
   if configs not in sys.path:
@@ -69,9 +70,10 @@ def train(config, workdir: str) -> dict:
   done = os.path.join(workdir, "final_metrics.json")
   # Imported here, not at the top: install() runs before the dependencies are installed.
   from research import experiments
-  from research.training import metrics, train_and_evaluate
+  from research.training import train_and_evaluate
+  from research.training.workdir import read_json
   if os.path.exists(done):
-    return metrics.read_json(done)         # its non-finite values too (metrics.py)
+    return read_json(done)         # its non-finite values too
   with contextlib.redirect_stderr(ProgressBar(os.path.basename(workdir))):
     return train_and_evaluate(config, workdir, experiments.get(config.experiment))
 

@@ -1,33 +1,9 @@
 """Accelerators to compile for from a machine that has none (deviceless ahead-of-time).
 
-`devices(name)` gives compile-only devices of a target: JAX's
-`jax.experimental.topologies.get_topology_desc` with libtpu for TPUs, and with the CUDA
-PJRT plugin and a GPU description (`gpu_specs/*.txtpb`, XLA's `GpuTargetConfigProto` in
-text form, sources in each file) for NVIDIA GPUs. Shardings over those devices and
-`jax.jit(...).lower(...).compile()` compile for real: Mosaic and Triton kernels, XLA's
-fusions, the collectives between chips. Nothing runs.
-
-  target      platform  devices  memory per device  what it is
-  tpu-v5e-1   tpu       1        16 GiB             Colab's TPU (one v5 lite chip)
-  tpu-v5e-8   tpu       8        16 GiB             a v5litepod-8 slice
-  tpu-v4-1    tpu       1        16 GiB             one v4 chip (LRA's efficiency benchmark)
-  tpu-v4-8    tpu       8        16 GiB             a v4-8 (XLA's compile-only topology "v4:2x2x1")
-  tpu-v6e-1   tpu       1        32 GiB             one Trillium chip
-  h100        cuda      1        79.1 GiB           H100 80GB SXM (compute capability 9.0)
-  h100x8      cuda      8        79.1 GiB           eight of them
-  a100        cuda      1        39.4 GiB           A100-SXM4-40GB (Colab's A100; 8.0)
-  l4          cuda      1        22.0 GiB           L4 (Colab; 8.9)
-  t4          cuda      1        14.7 GiB           T4 (Colab's free GPU; 7.5)
-
-TPU memory is what XLA's compile-only TPU client enforces ("exceeds available HBM
-(15.75G)" on v5e and v4, 31.75G on v6e: the chip's HBM less XLA's reserve); GPU memory is
-the description's `device_memory_size` (the driver's usable bytes), which XLA does not
-enforce deviceless: `report.fits` compares it with the compiled program.
-
-What the targets need installs with the `aot` extra (`python3 project.py test` installs it;
-`pip install -e ".[aot]"` with the pins `project.py` prints): libtpu, the CUDA plugin, ptxas
-(Triton kernels) and cuDNN (cuDNN attention). JAX loads the plugins when it starts: on a
-machine without the accelerators they log to stderr, which `launch.py` keeps quiet.
+`devices_of(target)` gives a target's compile-only devices (JAX's topologies: libtpu for
+TPUs, the CUDA PJRT plugin and a GPU description, `gpu_specs/*.txtpb`, for NVIDIA GPUs).
+Shardings over them and `jax.jit(...).lower(...).compile()` compile for real: Mosaic and
+Triton kernels, XLA's fusions, the collectives between chips. Nothing runs.
 """
 
 import difflib
@@ -48,10 +24,21 @@ class Target(NamedTuple):
   topology: str                   # TPU: "v5e:1x1"; GPU: "1x1xN" (N GPUs on one host)
   bounds: tuple[int, int, int]    # TPU chips per host; GPU: unused
   spec: str                       # GPU: the file in gpu_specs/; TPU: ""
-  memory_bytes: int               # per device, see the module docstring (TPU: enforced by XLA)
+  memory_bytes: int               # per device, see `memory_bytes` (TPU: enforced by XLA)
   description: str
 
 
+# target      platform  devices  memory per device  what it is
+# tpu-v5e-1   tpu       1        16 GiB             Colab's TPU (one v5 lite chip)
+# tpu-v5e-8   tpu       8        16 GiB             a v5litepod-8 slice
+# tpu-v4-1    tpu       1        16 GiB             one v4 chip (LRA's efficiency benchmark)
+# tpu-v4-8    tpu       8        16 GiB             a v4-8 (XLA's compile-only topology "v4:2x2x1")
+# tpu-v6e-1   tpu       1        32 GiB             one Trillium chip
+# h100        cuda      1        79.1 GiB           H100 80GB SXM (compute capability 9.0)
+# h100x8      cuda      8        79.1 GiB           eight of them
+# a100        cuda      1        39.4 GiB           A100-SXM4-40GB (Colab's A100; 8.0)
+# l4          cuda      1        22.0 GiB           L4 (Colab; 8.9)
+# t4          cuda      1        14.7 GiB           T4 (Colab's free GPU; 7.5)
 TARGETS = {
     "tpu-v5e-1": Target("tpu", "v5e:1x1", (1, 1, 1), "", 16 * GIB, "Colab's TPU: one v5e chip"),
     "tpu-v5e-8": Target("tpu", "v5e:2x4", (2, 4, 1), "", 16 * GIB, "a v5litepod-8 slice"),
@@ -100,7 +87,10 @@ def spec_text(target: Target) -> str:
 
 
 def memory_bytes(target: Target) -> int:
-  """Memory of one device of `target`."""
+  """Memory of one device of `target`. TPU: what XLA's compile-only TPU client enforces
+  ("exceeds available HBM (15.75G)" on v5e and v4, 31.75G on v6e: the chip's HBM less XLA's
+  reserve). GPU: the description's `device_memory_size` (the driver's usable bytes), which
+  XLA does not enforce deviceless: `report.fits` compares it with the compiled program."""
   if target.platform == "tpu":
     return target.memory_bytes
   return int(re.search(r"device_memory_size:\s*(\d+)", spec_text(target)).group(1))
@@ -131,7 +121,13 @@ def _topology_devices(target: Target) -> tuple:
 
 
 def devices_of(target: Target) -> tuple:
-  """The compile-only devices of `target` (TargetUnavailable when its toolchain is missing)."""
+  """The compile-only devices of `target` (TargetUnavailable when its toolchain is missing).
+
+  What the targets need installs with the `aot` extra (`python3 project.py test` installs
+  it; `pip install -e ".[aot]"` with the pins `project.py` prints): libtpu, the CUDA plugin,
+  ptxas (Triton kernels) and cuDNN (cuDNN attention). JAX loads the plugins when it starts:
+  on a machine without the accelerators they log to stderr, which `launch.py` keeps quiet.
+  """
   try:
     return _topology_devices(target)
   except Exception as error:  # noqa: BLE001 - a missing plugin shows as several error types

@@ -1,19 +1,9 @@
-"""Attention: score functions × patterns × compute strategies.
+"""Attention: score functions × patterns × compute strategies, importable into any Flax model.
 
-Functional core: `dot_product_attention` (dense / chunked / banded), masks, and the
-registry of implementations (`register_implementation` plugs in a new kernel).
-Scores: dot, scaled_dot, general, additive, concat, location (`scores.py`).
-Patterns: Luong local-m / local-p (`local.py`), hard attention with REINFORCE and
-Gumbel straight-through (`hard.py`), Linformer and memory-compressed attention
-(`compressed.py`). Block-sparse patterns for `sparsity=`: Sparse Transformer's fixed and
-strided, BigBird (`block_sparse.py`). Modules: `MultiHeadAttention` (with KV cache),
-`NadarayaWatson`.
-Efficient attentions of Long Range Arena, each a function and a self-attention module
-(`__call__(x, *, is_causal, key_value_seq_lengths, train)`): Linear Transformer
-(`linear.py`), Performer's FAVOR+ (`performer.py`), Dense / Random Synthesizer
-(`synthesizer.py`), Sparse Sinkhorn attention (`sinkhorn.py`), Reformer's LSH attention
-(`reformer.py`).
-`from_torch(torch.nn.MultiheadAttention)` imports torch weights.
+The functional core `dot_product_attention` and its registry of implementations (portable
+ones and the accelerator kernels of `kernels/`), the score functions, the patterns and
+modules of the papers, Long Range Arena's efficient attentions (each a function and a
+self-attention module) and `from_torch`; docs/attention.md says what each part does.
 """
 
 from research.attention.block_sparse import BigBird, BlockSparse, SparseFixed, SparseStrided

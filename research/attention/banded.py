@@ -1,31 +1,10 @@
-"""Sliding-window attention in O(n·w) time and memory, without a dense mask.
+"""Sliding-window and block-sparse attention in O(n·w) time and memory, without a dense mask.
 
-Queries are cut into blocks of bq. Query block i can only see keys in
-[i·bq − left, (i+1)·bq − 1 + right], which lie in the key blocks i − n_l … i + n_r
-with n_l = ⌈left / bq⌉, n_r = ⌈right / bq⌉: a slab of W = (n_l + 1 + n_r)·bq keys,
-read by one dynamic slice of the (padded) keys. Dense attention runs on the [bq, W]
-tile with the band mask
-
-  visible(a, c) = −left ≤ (c − n_l·bq) − a ≤ right  and the key exists,
-
-for query a and slab key c of the block, so the cost is O(n·W) instead of O(n²). The
-tiles are computed one after another (`lax.map`) and recomputed in the backward pass
-(`jax.checkpoint`): each tile stays in cache and nothing of size n·W is stored, which
-on a CPU is 2× faster than materialising every tile at once.
-
-Global tokens G (Longformer): every tile also gets the |G| global keys as extra columns,
-visible where the band does not already show them (one softmax over slab and globals),
-and the |G| global queries, which see every key, are computed densely and written over
-their rows: O(n·(W + |G|)) in all.
-
-A block-sparse pattern (Sparse Transformer, BigBird: `block_sparse`) replaces the slab by
-the key blocks of bq the query block visits (`masks.visit_lists`), gathered: W = M·bq for
-the most blocks M any query block visits, places past its own count masked, the pattern
-evaluated on the gathered positions. BigBird's global query blocks, which see every key,
-are left out of the lists and computed densely as global queries: O(n·M·bq) in all
-(BigBird with bq = B: M = w + g + r).
+Each block of queries attends densely to the few keys it can see (its slab of the band, or
+the key blocks a block-sparse pattern lets it visit), one tile after another and recomputed
+in the backward pass, so nothing of size n² (or n·w) is stored; `banded_attention` gives the
+tiles' construction.
 """
-
 import math
 from typing import NamedTuple
 
@@ -85,7 +64,7 @@ def _band(x: Array | None, num_blocks: int, block: int, n_left: int, n_right: in
 def _slab_keys(visibility: Visibility, q_len: int, k, v, bias, mask, num_blocks: int,
                block: int):
   """tile(i) for a window: query block i's slab of W = (n_l + 1 + n_r)·bq keys, one
-  dynamic slice (see the module docstring)."""
+  dynamic slice (see `banded_attention`)."""
   del q_len  # the slab depends on the block only
   n_left = math.ceil(visibility.left / block)
   n_right = math.ceil(visibility.right / block)
@@ -156,6 +135,31 @@ def banded_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array 
                      mask: Array | None, visibility: Visibility,
                      block: int = DEFAULT_BLOCK) -> Array:
   """Windowed or block-sparse attention on [block, W] tiles.
+
+  Queries are cut into blocks of bq. Query block i can only see keys in
+  [i·bq − left, (i+1)·bq − 1 + right], which lie in the key blocks i − n_l … i + n_r
+  with n_l = ⌈left / bq⌉, n_r = ⌈right / bq⌉: a slab of W = (n_l + 1 + n_r)·bq keys,
+  read by one dynamic slice of the (padded) keys. Dense attention runs on the [bq, W]
+  tile with the band mask
+
+    visible(a, c) = −left ≤ (c − n_l·bq) − a ≤ right  and the key exists,
+
+  for query a and slab key c of the block, so the cost is O(n·W) instead of O(n²). The
+  tiles are computed one after another (`lax.map`) and recomputed in the backward pass
+  (`jax.checkpoint`): each tile stays in cache and nothing of size n·W is stored, which
+  on a CPU is 2× faster than materialising every tile at once.
+
+  Global tokens G (Longformer): every tile also gets the |G| global keys as extra columns,
+  visible where the band does not already show them (one softmax over slab and globals),
+  and the |G| global queries, which see every key, are computed densely and written over
+  their rows: O(n·(W + |G|)) in all.
+
+  A block-sparse pattern (Sparse Transformer, BigBird: `block_sparse`) replaces the slab by
+  the key blocks of bq the query block visits (`masks.visit_lists`), gathered: W = M·bq for
+  the most blocks M any query block visits, places past its own count masked, the pattern
+  evaluated on the gathered positions. BigBird's global query blocks, which see every key,
+  are left out of the lists and computed densely as global queries: O(n·M·bq) in all
+  (BigBird with bq = B: M = w + g + r).
 
   Args:
     q: [batch, q_len, H, d]; k, v: [batch, kv_len, H_kv, d] (H_kv divides H).

@@ -1,42 +1,8 @@
 """Block-sparse attention patterns: Sparse Transformer's fixed and strided, BigBird.
 
-A pattern says which key j a query i may see (True = visible), before causality and key
-lengths, which `masks.Visibility` adds (causal: also j ≤ i):
-
-  SparseFixed(block=l, summary=c)   (Child et al. 2019, "fixed")
-      ⌊i / l⌋ = ⌊j / l⌋   or   j mod l ≥ l − c
-      its own block of l positions, and the last c positions of every block (causal: of
-      every earlier block), which summarise them.
-  SparseStrided(stride=l)           (Child et al. 2019, "strided")
-      |j − i| ≤ l   or   (j − i) mod l = 0
-      the l previous (and, not causal, next) positions, and every l-th position.
-  BigBird(block=B, window=w, global_blocks=g, random_blocks=r, seed)   (Zaheer et al. 2020)
-      visibility is constant on blocks of B positions: query block a = ⌊i / B⌋ sees key
-      block c = ⌊j / B⌋ when
-        |c − a| ≤ (w − 1) / 2                       (window: w blocks centred on a)
-        or c < g or a < g                           (global: the first g blocks see every
-                                                     block and every block sees them)
-        or c ∈ R_a                                  (random)
-      R_a: r blocks drawn without replacement, for each non-global query block in order,
-      from those neither in a's window nor global (causal: only earlier blocks, c < a),
-      with NumPy's `default_rng(seed)`: once per seed and shape, the same in every call
-      and in every head, as a layer's fixed pattern. Fewer when fewer are left.
-
-The patterns are static (plain ints; BigBird's draws a NumPy table), so a kernel knows
-before it runs which blocks it visits: `tiles` answers, for rectangles of positions,
-whether some / every query there sees some / every key there (`Visibility.block_map`
-builds on it), and `visible` evaluates the rule on positions (NumPy or JAX arrays, also
-inside a Pallas kernel where `nest` allows: see `within_blocks`). A BigBird pattern is
-bound to a shape (`bind`) before use: its draws depend on the numbers of blocks.
-
-What the tiled implementations visit (memory O(n) for all three: no [n, n] mask exists):
-BigBird's query blocks w + g + r key blocks each (global rows all), O(n·B·(w + g + r));
-fixed's its own block and the tiles holding earlier blocks' summaries, O(n·(l + t·n/l))
-with tiles of t; strided's stride positions fall in every key tile at least l long, so it
-visits every tile within causality, the work of full attention.
-
-  dot_product_attention(q, k, v, sparsity=BigBird(block=64, seed=layer), is_causal=True)
-  MultiHeadAttention(num_heads=8, sparsity=SparseFixed(block=128, summary=8))
+A pattern says which key j a query i may see, before causality and key lengths (which
+`masks.Visibility` adds). Patterns are static, so a kernel knows before it runs which blocks
+it visits; the tiled implementations then need O(n) memory and no [n, n] mask.
 """
 
 import dataclasses
@@ -57,7 +23,18 @@ def _positive_int(owner: str, name: str, value, minimum: int = 1):
 
 
 class BlockSparse:
-  """What every pattern answers (subclasses are frozen dataclasses of ints: hashable)."""
+  """What every pattern answers (subclasses are frozen dataclasses of ints: hashable).
+
+  `visible(queries, keys)` is the rule (True = visible) on positions (NumPy or JAX arrays,
+  also inside a Pallas kernel where `nest` allows: see `within_blocks`); `tiles` answers,
+  for rectangles of positions, whether some / every query there sees some / every key there
+  (`Visibility.block_map` builds on it). The patterns are plain ints (BigBird's draws a
+  NumPy table), so all of it is known before a kernel runs. A BigBird pattern is bound to
+  a shape (`bind`) before use: its draws depend on the numbers of blocks.
+
+    dot_product_attention(q, k, v, sparsity=BigBird(block=64, seed=layer), is_causal=True)
+    MultiHeadAttention(num_heads=8, sparsity=SparseFixed(block=128, summary=8))
+  """
 
   nest = None  # tiles lying within blocks of this many positions see `within_blocks`; None: any
 
@@ -99,7 +76,14 @@ class BlockSparse:
 
 @dataclasses.dataclass(frozen=True)
 class SparseFixed(BlockSparse):
-  """Sparse Transformer's fixed pattern: ⌊i / l⌋ = ⌊j / l⌋ or j mod l ≥ l − c."""
+  """Sparse Transformer's fixed pattern (Child et al. 2019, "fixed"):
+
+    ⌊i / l⌋ = ⌊j / l⌋   or   j mod l ≥ l − c
+
+  its own block of l positions, and the last c positions of every block (causal: of every
+  earlier block), which summarise them. The tiled implementations visit its own block and
+  the tiles holding earlier blocks' summaries, O(n·(l + t·n/l)) with tiles of t.
+  """
   block: int          # l, the block length
   summary: int = 1    # c, the last positions of each block that every query sees
 
@@ -133,7 +117,14 @@ class SparseFixed(BlockSparse):
 
 @dataclasses.dataclass(frozen=True)
 class SparseStrided(BlockSparse):
-  """Sparse Transformer's strided pattern: |j − i| ≤ l or (j − i) mod l = 0."""
+  """Sparse Transformer's strided pattern (Child et al. 2019, "strided"):
+
+    |j − i| ≤ l   or   (j − i) mod l = 0
+
+  the l previous (and, not causal, next) positions, and every l-th position. The stride
+  positions fall in every key tile at least l long, so the tiled implementations visit
+  every tile within causality: the work of full attention.
+  """
   stride: int         # l
 
   def __post_init__(self):
@@ -197,7 +188,24 @@ def _bigbird_counts(pattern: "BigBird") -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class BigBird(BlockSparse):
-  """BigBird's pattern on blocks of B positions: window, global and random blocks."""
+  """BigBird's pattern on blocks of B positions: window, global and random blocks (Zaheer
+  et al. 2020).
+
+  Visibility is constant on blocks of B positions: query block a = ⌊i / B⌋ sees key
+  block c = ⌊j / B⌋ when
+
+    |c − a| ≤ (w − 1) / 2                       (window: w blocks centred on a)
+    or c < g or a < g                           (global: the first g blocks see every
+                                                 block and every block sees them)
+    or c ∈ R_a                                  (random)
+
+  R_a: r blocks drawn without replacement, for each non-global query block in order,
+  from those neither in a's window nor global (causal: only earlier blocks, c < a),
+  with NumPy's `default_rng(seed)`: once per seed and shape, the same in every call
+  and in every head, as a layer's fixed pattern. Fewer when fewer are left. The tiled
+  implementations visit w + g + r key blocks per query block (global rows all),
+  O(n·B·(w + g + r)).
+  """
   block: int = 64               # B
   window: int = 3               # w, odd: the own block and (w − 1) / 2 on each side
   global_blocks: int = 2        # g: the first g blocks see and are seen by every block

@@ -1,24 +1,8 @@
 """Exact attention in O(n) memory: query/key blocks with a running max and log-sum-exp.
 
-Forward (Rabe & Staats 2021; Dao et al. 2022), for each query block i and the key
-blocks j it can see:
-
-  s_ij = q_i k_jᵀ · scale + bias_ij                      [.., bq, bk]
-  m_i ← max(m_i, rowmax s_ij);   l_i ← l_i e^{m_old − m_i} + Σ_j e^{s_ij − m_i}
-  acc_i ← acc_i e^{m_old − m_i} + e^{s_ij − m_i} v_j;     out_i = acc_i / l_i
-  lse_i = m_i + log l_i   (saved for the backward pass; +inf when nothing is visible)
-
-Backward (custom VJP), for each key block j and the query blocks that can see it,
-recomputing p_ij = exp(s_ij − lse_i) and with δ_i = rowsum(dout_i ⊙ out_i):
-
-  dv_j += p_ijᵀ dout_i;   ds_ij = p_ij ⊙ (dout_i v_jᵀ − δ_i)
-  dq_i += ds_ij k_j · scale;   dk_j += ds_ijᵀ q_i · scale;   dbias_ij = ds_ij
-
-Only the blocks some query of a block sees under the static `Visibility` are visited
-(`masks.visit_lists`: partially visible blocks with the mask, wholly visible ones
-without), so causal attention costs about half of full attention, a window of
-half-width w O(n·w) and a block-sparse pattern its visible blocks. A query with no
-visible key returns zeros.
+The [q_len, kv_len] weights are never materialised (a custom VJP recomputes them block by
+block in the backward pass), and only the key blocks some query of a block can see are
+visited; `chunked_attention` gives the equations.
 """
 
 import functools
@@ -243,6 +227,26 @@ def chunked_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array
                       mask: Array | None, visibility: Visibility, q_block: int = 256,
                       k_block: int = 256) -> Array:
   """Exact attention without materialising the [q_len, kv_len] weights.
+
+  Forward (Rabe & Staats 2021; Dao et al. 2022), for each query block i and the key
+  blocks j it can see:
+
+    s_ij = q_i k_jᵀ · scale + bias_ij                      [.., bq, bk]
+    m_i ← max(m_i, rowmax s_ij);   l_i ← l_i e^{m_old − m_i} + Σ_j e^{s_ij − m_i}
+    acc_i ← acc_i e^{m_old − m_i} + e^{s_ij − m_i} v_j;     out_i = acc_i / l_i
+    lse_i = m_i + log l_i   (saved for the backward pass; +inf when nothing is visible)
+
+  Backward (custom VJP), for each key block j and the query blocks that can see it,
+  recomputing p_ij = exp(s_ij − lse_i) and with δ_i = rowsum(dout_i ⊙ out_i):
+
+    dv_j += p_ijᵀ dout_i;   ds_ij = p_ij ⊙ (dout_i v_jᵀ − δ_i)
+    dq_i += ds_ij k_j · scale;   dk_j += ds_ijᵀ q_i · scale;   dbias_ij = ds_ij
+
+  Only the blocks some query of a block sees under the static `Visibility` are visited
+  (`masks.visit_lists`: partially visible blocks with the mask, wholly visible ones
+  without), so causal attention costs about half of full attention, a window of
+  half-width w O(n·w) and a block-sparse pattern its visible blocks. A query with no
+  visible key returns zeros.
 
   Args:
     q: [batch, q_len, H, d]; k, v: [batch, kv_len, H_kv, d] (H_kv divides H).

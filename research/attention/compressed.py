@@ -1,21 +1,9 @@
 """Attention over compressed keys and values: Linformer and memory-compressed attention.
 
-Linformer (Wang et al. 2020) projects keys and values along the length with learned
-E, F [proj_len, max_len]; an input of kv_len ≤ max_len uses their first kv_len columns:
-
-  K' = E K,   V' = F V   [proj_len, d],     out = softmax(q K'ᵀ / √d) V'
-
-Memory-compressed attention (Liu et al. 2018, "Generating Wikipedia by summarizing long
-sequences") shortens keys and values by c before attending: a strided convolution with
-kernel = stride = c ("conv"), or average / max pooling over blocks of c positions:
-
-  K'_j = Σ_{i<c} K_{c·j+i} W_i + b   |   mean_{i<c} K_{c·j+i}   |   max_{i<c} K_{c·j+i}
-
-When kv_len is not a multiple of c the keys are padded: the last block compresses the
-remaining kv_len mod c positions alone (its mean and max over those; the convolution sees
-zeros in place of the missing ones). Padding keys (key_value_seq_lengths) are left out the
-same way, and a block with no real key is masked out. A compressed position mixes several
-key positions, so causal masking is not meaningful and is refused.
+Both shorten the keys and values along the length before attending (Linformer by learned
+projections, memory-compressed attention by a strided convolution or pooling), so the
+weights are [q_len, compressed length]. A compressed position mixes several key positions,
+so causal masking is not meaningful and is refused.
 """
 
 import functools
@@ -100,6 +88,11 @@ def _blocks(x: Array, valid: Array, compression: int) -> tuple[Array, Array]:
 class LinformerSelfAttention(nn.Module):
   """Multi-head self-attention with Linformer's length projections E (keys), F (values).
 
+  Linformer (Wang et al. 2020) projects keys and values along the length with learned
+  E, F [proj_len, max_len]; an input of kv_len ≤ max_len uses their first kv_len columns:
+
+    K' = E K,   V' = F V   [proj_len, d],     out = softmax(q K'ᵀ / √d) V'
+
   Parameters: query / key / value / out as in `MultiHeadAttention`, e [proj_len, max_len]
   and f (the same shape; absent with share_kv, where F = E), initialised N(0, 1/max_len).
   `__call__(inputs [b, n, D], *, key_value_seq_lengths=None)` -> [b, n, D], n ≤ max_len;
@@ -137,6 +130,17 @@ class LinformerSelfAttention(nn.Module):
 
 class MemoryCompressedAttention(nn.Module):
   """Multi-head attention over keys and values shortened c-fold by a strided conv or pooling.
+
+  Memory-compressed attention (Liu et al. 2018, "Generating Wikipedia by summarizing long
+  sequences") shortens keys and values by c before attending: a strided convolution with
+  kernel = stride = c ("conv"), or average / max pooling over blocks of c positions:
+
+    K'_j = Σ_{i<c} K_{c·j+i} W_i + b   |   mean_{i<c} K_{c·j+i}   |   max_{i<c} K_{c·j+i}
+
+  When kv_len is not a multiple of c the keys are padded: the last block compresses the
+  remaining kv_len mod c positions alone (its mean and max over those; the convolution sees
+  zeros in place of the missing ones). Padding keys (key_value_seq_lengths) are left out the
+  same way, and a block with no real key is masked out.
 
   Parameters: query / key / value / out as in `MultiHeadAttention`, and for method "conv"
   key_conv / value_conv (`flax.linen.Conv`, kernel [c, H·d, H·d], bias [H·d]).

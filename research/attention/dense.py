@@ -1,11 +1,8 @@
 """Dense attention: materialise the [q_len, kv_len] weights (returned for heatmaps).
 
-  logits = q kᵀ · scale + bias,   weights = softmax over the visible keys,   out = weights v
-
-Grouped heads: q has H heads, k and v have H_kv heads with H = H_kv · G; query head
-h_kv · G + g reads key/value head h_kv (the layout of `jax.nn.dot_product_attention`).
-The softmax runs in float32 whatever the input dtype, and a query with no visible key
-gets all-zero weights (not NaN, in the forward pass or the gradient).
+The softmax runs in float32 whatever the input dtype, and a query with no visible key gets
+all-zero weights (not NaN, in the forward pass or the gradient); `dense_attention` gives
+the equations and the grouped heads' layout.
 """
 
 import jax
@@ -64,6 +61,11 @@ def weighted_values(weights: Array, v: Array) -> Array:
 def dense_attention(q: Array, k: Array, v: Array, *, scale: float, bias: Array | None,
                     visible: Array | None) -> tuple[Array, Array]:
   """Attention with explicit weights.
+
+    logits = q kᵀ · scale + bias,   weights = softmax over the visible keys,   out = weights v
+
+  Grouped heads: q has H heads, k and v have H_kv heads with H = H_kv · G; query head
+  h_kv · G + g reads key/value head h_kv (the layout of `jax.nn.dot_product_attention`).
 
   Args:
     q: [batch, q_len, H, d]; k, v: [batch, kv_len, H_kv, d] (H_kv divides H).

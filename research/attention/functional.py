@@ -1,25 +1,8 @@
 """`dot_product_attention`: one entry point, implementations chosen from a registry.
 
-Same layout and semantics as `jax.nn.dot_product_attention` (q [batch, q_len, H, d],
-k / v [batch, kv_len, H_kv, d], H_kv dividing H; mask and bias broadcastable to
-[batch, H, q_len, kv_len]; `local_window_size=(l, r)` is our `window=(l, r)`), and a
-query with no visible key returns zeros instead of an average of all values.
-
-`implementation=` is "auto" (the default: the fastest exact implementation that can do
-the call on the platform it is lowered for) or names an entry of the registry
-(`registry.py`; `implementations.py` shows the capability table and what "auto" picks
-where). The choice is staged per lowering platform (`platforms.per_platform`), so a call
-traced on a CPU machine and lowered for a TPU runs splash's kernel there. A request the
-implementation can do on no platform fails when traced, naming what is missing and the
-implementations that can; one it can do elsewhere fails when lowered for a platform it
-cannot run on. In short: dense materialises the weights [batch, H, q_len, kv_len]
-(return_weights=True); chunked is exact in O(n) memory, skipping the key blocks a causal,
-windowed or block-sparse query block cannot see; banded takes a sliding window or a
-block-sparse pattern in O(n·(w + |G|)) without a dense mask; cudnn, pallas_gpu (Triton) and
-pallas_tpu (splash) are the fused kernels of `kernels/`.
-
-Named and lowered for a CPU, the Pallas kernels run in Pallas interpret mode (for tests);
-lowered for their own platform they are the real kernels.
+The layout and semantics of `jax.nn.dot_product_attention`, with more patterns (windows,
+global tokens, block-sparse) and a choice of implementation: "auto", the fastest exact one
+that can do the call on each platform it is lowered for (`registry.py`), or one by name.
 """
 
 import functools
@@ -86,6 +69,16 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
                           key_value_seq_lengths: Array | None = None,
                           block_size: int | None = None):
   """softmax(q kᵀ · scale + bias, over visible keys) v.
+
+  Same layout and semantics as `jax.nn.dot_product_attention` (its
+  `local_window_size=(l, r)` is our `window=(l, r)`), except that a query with no visible
+  key returns zeros instead of an average of all values. The implementation is chosen per
+  lowering platform (`platforms.per_platform`), so a call traced on a CPU machine and
+  lowered for a TPU runs splash's kernel there. A request the implementation can do on no
+  platform fails when traced, naming what is missing and the implementations that can; one
+  it can do elsewhere fails when lowered for a platform it cannot run on. Named and lowered
+  for a CPU, the Pallas kernels run in Pallas interpret mode (for tests); lowered for their
+  own platform they are the real kernels.
 
   Args:
     q: [batch, q_len, H, d]; k: [batch, kv_len, H_kv, d]; v: [batch, kv_len, H_kv, d_v].

@@ -1,18 +1,9 @@
 """Hard (stochastic) attention of Xu et al. 2015: each query reads one key.
 
-A query chooses one visible key s, the most likely (argmax) or a sample
-s ~ p = softmax(logits over the visible keys), and reads its value: context = v_s.
-The choice is not differentiable; two ways to train through it:
-
-  REINFORCE       ∇ E_s[R(s)] = E_s[(R(s) − b) ∇ log p(s)], the gradient of the
-                  surrogate mean(stop_gradient(R − b) · log p(s)). The baseline b is a
-                  moving average of the reward, or a prediction trained by squared error.
-  Gumbel-softmax  y_soft = softmax((logits + g) / τ), g ~ Gumbel(0, 1) (Jang et al. 2017;
-  straight-       Maddison et al. 2017); the forward pass uses y_hard = one_hot(argmax y_soft),
-  through         the backward pass the gradient of y_soft.
-
-A query with no visible key chooses nothing: index −1, zero weights, zero context and
-log-probability 0.
+A query chooses one visible key, the most likely or a sample from the softmax of the
+logits, and reads its value. The choice is not differentiable; two ways to train through
+it are here: REINFORCE with a baseline (a moving average or a learned prediction of the
+reward) and the straight-through Gumbel-softmax.
 """
 
 from typing import Any
@@ -95,6 +86,7 @@ def gumbel_softmax(logits: Array, key: Array, *, temperature: float = 1.0, hard:
                    mask: Array | None = None) -> Array:
   """A Gumbel-softmax sample [..., kv_len] over the last axis of logits.
 
+  Jang et al. 2017; Maddison et al. 2017.
   y_soft = softmax((logits + g) / τ) over the visible keys, g ~ Gumbel(0, 1) drawn with
   `jax.random.gumbel(key, logits.shape)`. With hard=True the value is exactly
   y_hard = one_hot(argmax(logits + g)) and the gradient is that of y_soft
@@ -114,6 +106,8 @@ def gumbel_softmax(logits: Array, key: Array, *, temperature: float = 1.0, hard:
 
 def reinforce_surrogate(log_prob: Array, reward: Array, baseline: Array | float = 0.0) -> Array:
   """mean(stop_gradient(R − b) · log p(s)): its gradient is the REINFORCE estimate of ∇ E[R].
+
+    ∇ E_s[R(s)] = E_s[(R(s) − b) ∇ log p(s)]
 
   Ascend it (or descend its negative) to increase the expected reward.
 

@@ -1,11 +1,6 @@
 """What the efficient self-attention modules (linear, performer, synthesizer, sinkhorn,
 reformer) share: projections to heads and back, key validity, the length padded to a
 multiple of a block, and the fixed key of a module's random draws.
-
-  q, k, v = x W_{q,k,v} + b_{q,k,v}   [b, n, H, d]   (DenseGeneral "query", "key", "value")
-  y = Σ_h head_h W_o^h + b_o          [b, n, D]      (DenseGeneral "out")
-
-The parameter names and layouts are those of `MultiHeadAttention`.
 """
 
 import functools
@@ -28,7 +23,12 @@ class HeadsSelfAttention(nn.Module, kw_only=True):
 
   A subclass declares `num_heads: int` (H) and calls `self.project` / `self.merge` from its
   compact `__call__(x [b, n, D], *, is_causal=False, key_value_seq_lengths=None,
-  train=False) -> [b, n, D]`; the DenseGeneral layers become its children.
+  train=False) -> [b, n, D]`; the DenseGeneral layers become its children:
+
+    q, k, v = x W_{q,k,v} + b_{q,k,v}   [b, n, H, d]   (DenseGeneral "query", "key", "value")
+    y = Σ_h head_h W_o^h + b_o          [b, n, D]      (DenseGeneral "out")
+
+  The parameter names and layouts are those of `MultiHeadAttention`.
   """
   qkv_features: int | None = None  # H · d (default: D)
   dtype: Any = None                # computation dtype of the projections

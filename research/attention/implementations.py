@@ -1,41 +1,9 @@
 """The portable attention strategies, registered in `registry` with what they can do.
 
-Together with the accelerator kernels (`kernels/`, registered there), the registry reads:
-
-  name        mask  bias  window    global  sparse  lengths  H_kv<H  dtypes        platforms  weights  auto rank
-  dense       yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  all        yes      varies
-  chunked     yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  all        no       3
-  banded      yes   yes   required  yes     yes     yes      yes     f32 bf16 f16  all        no       varies
-  cudnn       yes   yes   optional  no      no      yes      yes     bf16 f16      gpu        no       0
-  pallas_gpu  yes   yes   optional  yes     yes     yes      yes     f32 bf16 f16  gpu cpu*   no       varies
-  pallas_tpu  no    no    optional  yes     yes     yes      yes     f32 bf16      tpu cpu*   no       0
-
-(`registry.capability_table()`; a test keeps this copy equal to it). "global" is
-`global_tokens=`, "sparse" `sparsity=` (a block-sparse pattern: Sparse Transformer's fixed
-or strided, BigBird; it stands for banded's required window), "lengths"
-`key_value_seq_lengths`, "weights" `return_weights=True`;
-cpu* is Pallas interpret mode (slow: for tests, taken by name only). Causal attention is
-no capability: every implementation does it. cuDNN also refuses a two-sided window, a
-window with a mask or bias, head dims it cannot take and odd lengths (one query aside)
-(`kernels/cudnn.py`), and is skipped where the cuDNN library is not installed.
-
-`implementation="auto"` picks, for each platform the call is lowered for, the first
-implementation running natively there that can do the request, by auto rank:
-
-  platform  tried in order
-  gpu       pallas_gpu for a window at head dims up to 64 (faster there, measured),
-            cudnn, pallas_gpu, then as on cpu
-  tpu       pallas_tpu, then as on cpu
-  cpu       dense if kv_len <= 256, banded, chunked, dense (banded after chunked for a
-            block-sparse pattern whose query blocks visit over a quarter of the key blocks)
-
-so a fused kernel runs wherever one can do the pattern; otherwise a sliding window or a
-block-sparse pattern of few blocks per row (BigBird) goes to `banded` (O(n·w), or O(n)
-times the blocks a query block visits), anything else (fixed, strided) to `chunked` (O(n)
-memory), and the weights
-(`return_weights=True`) to `dense`. Up to kv_len = 256 (one key block of `chunked`) dense
-is the same memory in one step. "auto" never changes the mathematics: a request no
-candidate can do raises the error of an explicit name.
+`dense` (returns the weights), `chunked` (exact, O(n) memory) and `banded` (a window or a
+block-sparse pattern in O(n·w)) run on every platform; with the accelerator kernels of
+`kernels/` they make the registry that `registry.capability_table()` renders and "auto"
+chooses from (docs/attention.md shows the table and each platform's order).
 """
 
 import math

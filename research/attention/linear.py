@@ -1,22 +1,9 @@
 """Linear Transformer attention (Katharopoulos et al. 2020, "Transformers are RNNs").
 
-Softmax's exp(q·k) becomes a kernel φ(q)·φ(k) with a non-negative feature map φ of m
-features; the sums over keys then leave the query loop, O(n·m·d_v) instead of O(n²·d):
-
-  out_i = φ(q_i)ᵀ S / φ(q_i)ᵀ z,   S = Σ_j φ(k_j) v_jᵀ  [m, d_v],   z = Σ_j φ(k_j)  [m]
-
-Here φ(x) = elu(x) + 1 (m = d); `performer.py` plugs FAVOR+'s random features into the
-same `kernelized_attention`. Causal attention (j ≤ i) keeps the running sums
-S_i = Σ_{j≤i} φ(k_j) v_jᵀ and z_i = Σ_{j≤i} φ(k_j), in one of two forms:
-
-  "scan"     a `lax.scan` over positions, one (S, z) update per token (the RNN view);
-  "chunked"  chunks of C positions: inside a chunk the quadratic form under a causal mask,
-             (φ(Q_c) φ(K_c)ᵀ ⊙ M) V_c, in parallel, plus φ(Q_c) S from the earlier chunks,
-             which a scan over the chunks carries.
-
-Both equal the quadratic form out_i = Σ_{j≤i} φ(q_i)·φ(k_j) v_j / Σ_{j≤i} φ(q_i)·φ(k_j).
-Padding keys (key_value_seq_lengths) get φ(k) = 0 and add nothing; a query with no
-visible key returns zeros. Sums run in float32.
+Softmax's exp(q·k) becomes a kernel φ(q)·φ(k) with a non-negative feature map φ (here
+elu + 1), so the sums over keys leave the query loop: O(n·m·d_v) instead of O(n²·d), and
+causal attention is a recurrence over running sums. `performer.py` plugs FAVOR+'s random
+features into the same `kernelized_attention`.
 """
 
 
@@ -52,11 +39,27 @@ def kernelized_attention(phi_q: Array, phi_k: Array, v: Array, *, is_causal: boo
                          key_valid: Array | None = None) -> Array:
   """Σ_j φq_i·φk_j v_j / Σ_j φq_i·φk_j over the visible keys j, linear in the length.
 
+  With features φ of m numbers:
+
+    out_i = φ(q_i)ᵀ S / φ(q_i)ᵀ z,   S = Σ_j φ(k_j) v_jᵀ  [m, d_v],   z = Σ_j φ(k_j)  [m]
+
+  Causal attention (j ≤ i) keeps the running sums S_i = Σ_{j≤i} φ(k_j) v_jᵀ and
+  z_i = Σ_{j≤i} φ(k_j), in one of two forms:
+
+    "scan"     a `lax.scan` over positions, one (S, z) update per token (the RNN view);
+    "chunked"  chunks of C positions: inside a chunk the quadratic form under a causal mask,
+               (φ(Q_c) φ(K_c)ᵀ ⊙ M) V_c, in parallel, plus φ(Q_c) S from the earlier chunks,
+               which a scan over the chunks carries.
+
+  Both equal the quadratic form out_i = Σ_{j≤i} φ(q_i)·φ(k_j) v_j / Σ_{j≤i} φ(q_i)·φ(k_j).
+  Padding keys (key_valid) get φ(k) = 0 and add nothing; a query with no visible key
+  returns zeros. Sums run in float32.
+
   Args:
     phi_q: [b, q_len, H, m] features of the queries; phi_k: [b, kv_len, H, m] of the keys
       (both non-negative); v: [b, kv_len, H, d_v].
     is_causal: query i sees keys j ≤ i (q_len = kv_len).
-    causal_form: "scan" or "chunked" (see the module docstring).
+    causal_form: "scan" or "chunked" (see above).
     chunk_size: C of the chunked form; the length need not be a multiple.
     key_valid: [b, kv_len] bool, False for padding keys.
 

@@ -1,19 +1,8 @@
 """Local attention of Luong et al. 2015: local-m and local-p.
 
-Decoder step t attends to the source window [p_t − D, p_t + D] around an aligned
-position p_t:
-
-  local-m (monotonic)   p_t = t, clipped to the last source position S − 1
-  local-p (predictive)  p_t = S · sigmoid(v_pᵀ tanh(W_p h_t))
-
-  a_t(s) = align(h_t, h̄_s) · exp(−(s − p_t)² / (2σ²)),   σ = D / 2,
-
-where align is the softmax of the scores over the keys inside the window
-(|s − p_t| ≤ D) and inside the sequence (s < its length S), and a_t(s) = 0 elsewhere.
-The Gaussian multiplies the weights after the softmax, without renormalising (as in
-the paper), so a row sums to at most 1. In local-p, p_t is real; the window edges are
-piecewise constant in p_t while the Gaussian is smooth, so the gradient reaches W_p and
-v_p through the Gaussian factor.
+Decoder step t attends only to a window of 2D + 1 source positions around an aligned
+position p_t, monotonic (p_t = t) or predicted from the decoder state, with a Gaussian
+around p_t multiplying the softmax's weights (`LocalAttention` gives the equations).
 """
 
 from typing import Any
@@ -70,6 +59,21 @@ def local_attention_weights(logits: Array, positions: Array, half_window: int,
 
 class LocalAttention(nn.Module):
   """Local-m or local-p attention of decoder states h_t over source states h̄_s.
+
+  Decoder step t attends to the source window [p_t − D, p_t + D] around an aligned
+  position p_t:
+
+    local-m (monotonic)   p_t = t, clipped to the last source position S − 1
+    local-p (predictive)  p_t = S · sigmoid(v_pᵀ tanh(W_p h_t))
+
+    a_t(s) = align(h_t, h̄_s) · exp(−(s − p_t)² / (2σ²)),   σ = D / 2,
+
+  where align is the softmax of the scores over the keys inside the window
+  (|s − p_t| ≤ D) and inside the sequence (s < its length S), and a_t(s) = 0 elsewhere.
+  The Gaussian multiplies the weights after the softmax, without renormalising (as in
+  the paper), so a row sums to at most 1. In local-p, p_t is real; the window edges are
+  piecewise constant in p_t while the Gaussian is smooth, so the gradient reaches W_p and
+  v_p through the Gaussian factor.
 
   Parameters (local-p only): "w_p" [d, f] (the paper's W_p transposed) and "v_p" [f];
   the score's own under "score".

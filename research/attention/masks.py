@@ -3,12 +3,7 @@
 The structured patterns (causal, sliding window / band, key padding, global tokens, the
 block-sparse patterns of `block_sparse`) are described by a `Visibility`, which both
 builds dense masks and answers block questions (`block_map`, `visit_lists`) so that the
-chunked, banded and kernel strategies visit only the key blocks some query of a query
-block sees.
-
-Positions: query i and key j are aligned at the start of the sequences (i, j ≥ 0),
-as in `jax.nn.dot_product_attention`. A window (left, right) lets query i see keys
-i − left … i + right; causal sets right = 0.
+chunked, banded and kernel strategies visit only the key blocks some query of a block sees.
 """
 
 import functools
@@ -86,7 +81,8 @@ class Visibility(NamedTuple):
   key and every query sees it, still within causality and key lengths). sparsity: a
   block-sparse pattern bound to the shape (`block_sparse`: Sparse Transformer's fixed or
   strided, BigBird), which replaces the window and global tokens. kv_lengths [batch]
-  masks keys t ≥ length (padding), or None.
+  masks keys t ≥ length (padding), or None. Query i and key j are aligned at the start of
+  the sequences (i, j ≥ 0), as in `jax.nn.dot_product_attention`.
   """
   left: int | None = None
   right: int | None = None

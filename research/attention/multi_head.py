@@ -1,31 +1,9 @@
 """Multi-head attention ("Attention is all you need"), grouped / multi-query heads, KV cache.
 
-With H query heads, H_kv key/value heads (H_kv divides H; G = H / H_kv) and d = qkv_features / H:
-
-  q_h = x_q W_q^h + b_q^h,   k_g = x_k W_k^g + b_k^g,   v_g = x_v W_v^g + b_v^g
-  head_h = softmax(q_h k_gᵀ / √d + bias, over the visible keys) v_g   with g = ⌊h / G⌋
-  out = Σ_h head_h W_o^h + b_o
-
-H_kv = H is multi-head attention, H_kv = 1 multi-query attention (Shazeer 2019), anything
-in between grouped-query attention (Ainslie et al. 2023). `window` / `global_tokens`
-(Longformer) or `sparsity` (Sparse Transformer's fixed / strided, BigBird: see
-`block_sparse`) restrict which keys each query sees. Parameters, with D_q, D_k, D_v
-the feature sizes of the query, key and value inputs (the names and layout of
-`flax.linen.MultiHeadDotProductAttention`):
-
-  query/kernel [D_q, H, d]      query/bias [H, d]
-  key/kernel   [D_k, H_kv, d]   key/bias   [H_kv, d]
-  value/kernel [D_v, H_kv, d]   value/bias [H_kv, d]
-  out/kernel   [H, d, out_features]   out/bias [out_features]
-
-Incremental decoding (decode=True) keeps a "cache" collection, like flax's module:
-cached_key / cached_value [batch, max_len, H_kv, d] and cache_index. `init` with a
-full-length input [batch, max_len, features] allocates it (and attends normally); each
-later call with n new tokens writes their keys and values at cache_index, lets them see
-the cached positions < cache_index plus the new ones causally, and advances the index
-by n. Decoding token by token therefore reproduces the causal pass over the whole
-sequence. The index is traced, so writing past max_len cannot be caught: it is the
-caller's job to stop at max_len.
+`MultiHeadAttention` has the parameter names and layout of
+`flax.linen.MultiHeadDotProductAttention`, attends through `dot_product_attention` (any
+implementation, window, global tokens or block-sparse pattern) and decodes token by token
+with a cache that reproduces the causal pass over the whole sequence.
 """
 
 import functools
@@ -59,6 +37,34 @@ def check_heads(qkv_features: int, num_heads: int, num_kv_heads: int | None = No
 
 class MultiHeadAttention(nn.Module):
   """Multi-head (or grouped / multi-query) attention over query and key/value inputs.
+
+  With H query heads, H_kv key/value heads (H_kv divides H; G = H / H_kv) and
+  d = qkv_features / H:
+
+    q_h = x_q W_q^h + b_q^h,   k_g = x_k W_k^g + b_k^g,   v_g = x_v W_v^g + b_v^g
+    head_h = softmax(q_h k_gᵀ / √d + bias, over the visible keys) v_g   with g = ⌊h / G⌋
+    out = Σ_h head_h W_o^h + b_o
+
+  H_kv = H is multi-head attention, H_kv = 1 multi-query attention (Shazeer 2019), anything
+  in between grouped-query attention (Ainslie et al. 2023). `window` / `global_tokens`
+  (Longformer) or `sparsity` (Sparse Transformer's fixed / strided, BigBird: see
+  `block_sparse`) restrict which keys each query sees. Parameters, with D_q, D_k, D_v
+  the feature sizes of the query, key and value inputs (the names and layout of
+  `flax.linen.MultiHeadDotProductAttention`):
+
+    query/kernel [D_q, H, d]      query/bias [H, d]
+    key/kernel   [D_k, H_kv, d]   key/bias   [H_kv, d]
+    value/kernel [D_v, H_kv, d]   value/bias [H_kv, d]
+    out/kernel   [H, d, out_features]   out/bias [out_features]
+
+  Incremental decoding (decode=True) keeps a "cache" collection, like flax's module:
+  cached_key / cached_value [batch, max_len, H_kv, d] and cache_index. `init` with a
+  full-length input [batch, max_len, features] allocates it (and attends normally); each
+  later call with n new tokens writes their keys and values at cache_index, lets them see
+  the cached positions < cache_index plus the new ones causally, and advances the index
+  by n. Decoding token by token therefore reproduces the causal pass over the whole
+  sequence. The index is traced, so writing past max_len cannot be caught: it is the
+  caller's job to stop at max_len.
 
   `__call__(inputs_q [b, q_len, D_q], inputs_kv [b, kv_len, D_k] = inputs_q, ...)`
   returns [b, q_len, out_features]. When the weights are computed (implementation="dense",

@@ -1,20 +1,8 @@
 """Nadaraya–Watson kernel regression as attention (Nadaraya 1964; Watson 1964).
 
-  f(q) = Σ_j α(q, k_j) v_j,   α(q, k_j) = K(u_j) / Σ_l K(u_l),   u_j = ‖q − k_j‖ / h
-
-with bandwidth h > 0 and the kernels
-
-  gaussian  K(u) = exp(−u² / 2)   (normalised in log space: α = softmax_j(−u_j² / 2))
-  box       K(u) = 1[u ≤ 1]
-  triangle  K(u) = max(0, 1 − u)
-
-A query with no key inside the support of a compact kernel (box, triangle) gets all-zero
-weights and returns zeros, with finite gradients. The box kernel is piecewise constant, so
-its gradient with respect to h, the queries and the keys is zero.
-
-`dtype` is the dtype of the matrix product Σ_j α_j v_j (mixed precision: bfloat16 or
-float16); the distances, the kernel and its normalisation stay float32, as attention's
-softmax does, and so does the output.
+Each query's output is the average of the values weighted by a smoothing kernel of its
+distance to each key over a bandwidth h (Gaussian, box or triangle), with h fixed or
+learned; `nadaraya_watson` gives the kernels.
 """
 
 from typing import Any
@@ -48,7 +36,22 @@ def _safe_sqrt(x: Array) -> Array:
 
 def nadaraya_watson(queries: Array, keys: Array, values: Array, *, kernel: str, bandwidth,
                     return_weights: bool = False, dtype: Any = jnp.float32):
-  """Kernel-weighted average of the values (see the module docstring for the kernels).
+  """Kernel-weighted average of the values:
+
+    f(q) = Σ_j α(q, k_j) v_j,   α(q, k_j) = K(u_j) / Σ_l K(u_l),   u_j = ‖q − k_j‖ / h
+
+  with bandwidth h > 0 and the kernels
+
+    gaussian  K(u) = exp(−u² / 2)   (normalised in log space: α = softmax_j(−u_j² / 2))
+    box       K(u) = 1[u ≤ 1]
+    triangle  K(u) = max(0, 1 − u)
+
+  A query with no key inside the support of a compact kernel (box, triangle) gets all-zero
+  weights and returns zeros, with finite gradients. The box kernel is piecewise constant, so
+  its gradient with respect to h, the queries and the keys is zero. `dtype` is the dtype of
+  the matrix product Σ_j α_j v_j (mixed precision: bfloat16 or float16); the distances, the
+  kernel and its normalisation stay float32, as attention's softmax does, and so does the
+  output.
 
   Args:
     queries: [..., m, d]; keys: [..., n, d]; values: [..., n, d_v] (leading axes broadcast).

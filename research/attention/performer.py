@@ -1,23 +1,9 @@
 """Performer attention: FAVOR+ (Choromanski et al. 2021, "Rethinking attention with
 Performers").
 
-Softmax's kernel exp(q·k / √d) is estimated without bias by positive random features:
-with x̂ = x / d^{1/4} and m rows w_f of a projection W [m, d],
-
-  φ(x) = exp(W x̂ − ‖x̂‖² / 2) / √m   [m],   E_W[φ(q)·φ(k)] = exp(q·k / √d)
-
-for rows w_f ~ N(0, I_d). The rows are drawn orthogonal ("positive orthogonal random
-features"): blocks of d orthonormal rows (Gram–Schmidt on a Gaussian matrix), each row rescaled to
-the norm of an independent N(0, I_d) vector, so that each row is still N(0, I_d)
-distributed and the estimate's variance falls. The attention is then linear attention
-with these features (`linear.kernelized_attention`, causal or not):
-
-  out_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)
-
-For numerical range the exponents are shifted before exp: each query's by its own
-maximum over the features, the keys' by one maximum over all real keys and features of a
-head; both shifts cancel in the ratio (as constants, without gradient), so the features
-are exact and the causal form stays causal.
+Softmax's kernel exp(q·k / √d) is estimated without bias by positive orthogonal random
+features, and the attention is then linear attention with these features
+(`linear.kernelized_attention`, causal or not): O(n) in the length.
 """
 
 import math
@@ -54,7 +40,12 @@ def gram_schmidt(g: Array) -> Array:
 
 def orthogonal_random_features(key: Array, num_features: int, head_dim: int) -> Array:
   """W [num_features, head_dim]: blocks of head_dim orthonormal rows, row f scaled to ‖g_f‖
-  with g_f ~ N(0, I) drawn independently (the last block keeps its first rows)."""
+  with g_f ~ N(0, I) drawn independently (the last block keeps its first rows).
+
+  FAVOR+'s estimate is unbiased for rows w_f ~ N(0, I_d); drawn orthogonal ("positive
+  orthogonal random features": Gram–Schmidt on a Gaussian matrix, each row rescaled to the
+  norm of an independent N(0, I_d) vector) each row is still N(0, I_d) distributed and the
+  estimate's variance falls."""
   check_positive("num_features", num_features)
   check_positive("head_dim", head_dim)
   blocks = -(-num_features // head_dim)
@@ -74,7 +65,9 @@ def favor_features(x: Array, projection: Array, *, is_query: bool,
   """φ(x) = exp(W x̂ − ‖x̂‖²/2 − c) / √m with x̂ = x / d^{1/4}: [b, n, H, d] -> [b, n, H, m].
 
   c: per query, its maximum exponent; for keys, the maximum over the real keys
-  (valid [b, n], True = real) and features of each (batch, head). c has no gradient.
+  (valid [b, n], True = real) and features of each (batch, head). c has no gradient: both
+  shifts cancel in attention's ratio (as constants), so the features are exact and the
+  causal form stays causal.
   """
   x = x.astype(jnp.float32) * x.shape[-1] ** -0.25
   exponent = (jnp.einsum("bnhd,md->bnhm", x, projection.astype(jnp.float32))

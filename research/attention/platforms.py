@@ -1,23 +1,9 @@
 """Choosing per lowering platform: one traced call, a different program for each target.
 
-JAX decides the platform late: `jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`
-lowers for a TPU from a CPU machine, and `jax.export(f, platforms=("cpu", "cuda", "tpu"))`
-lowers for all three into one artifact. `per_platform(branches, *args)` stages a branch
-per platform with `jax.lax.platform_dependent`, so the choice follows the lowering
-platform, never the host's backend.
-
-Two things `platform_dependent` alone does not give, done here:
-
-  lowered only for its own platform   A branch holding a platform's kernel (a Mosaic or
-      Triton `pallas_call`, cuDNN's custom call) cannot be lowered for any other platform,
-      yet a multi-platform lowering lowers every branch for every platform.
-      `only_on(platform, fn)` wraps the kernel in a primitive (`lowered_for`) whose
-      lowering rule lowers its body for `platform` alone; under `custom_vjp`, so its
-      forward and backward are each lowered that way and it needs no derivative rules.
-  a refusal at lowering   A named implementation that cannot run on some platform is a
-      branch (`refusal(message)`) whose lowering raises ImplementationError(message): the call
-      traces, lowers for the platforms that can run it, and fails, naming why, only when
-      lowered for one that cannot.
+JAX decides the platform late (`lower(lowering_platforms=("tpu",))` from a CPU machine,
+`jax.export(f, platforms=("cpu", "cuda", "tpu"))` into one artifact): `per_platform` stages
+a branch per platform with `jax.lax.platform_dependent`, `only_on` keeps a kernel to its own
+platform's lowering and `refusal` fails only when lowered for a platform that cannot run.
 """
 
 from collections.abc import Callable
@@ -89,7 +75,13 @@ def only_on(platform: str, fn: Callable) -> Callable:
   """fn(diff, rest) -> out, lowered for `platform` alone, differentiable in `diff` (a
   pytree of float arrays, e.g. (q, k, v, bias)); `rest` (masks, lengths) gets no cotangent.
   Forward and backward are fn's own (its VJP, residuals included), each lowered for
-  `platform` only."""
+  `platform` only.
+
+  A branch holding a platform's kernel (a Mosaic or Triton `pallas_call`, cuDNN's custom
+  call) cannot be lowered for any other platform, yet a multi-platform lowering lowers every
+  branch for every platform: the kernel is wrapped in a primitive (`lowered_for`) whose
+  lowering rule lowers its body for `platform` alone, under `custom_vjp`, so it needs no
+  derivative rules."""
 
   @jax.custom_vjp
   def run(diff, rest):
@@ -154,7 +146,9 @@ batching.primitive_batchers[refusal_p] = lambda args, dims, **params: (
 
 def refusal(message: str, out_shape) -> Callable:
   """A branch shaped like `out_shape` (a pytree of ShapeDtypeStructs) whose lowering raises
-  ValueError(message)."""
+  ValueError(message) (an ImplementationError): a named implementation that cannot run on
+  some platform takes it there, so the call traces, lowers for the platforms that can run
+  it, and fails, naming why, only when lowered for one that cannot."""
   leaves, tree = jax.tree.flatten(out_shape)
   avals = tuple(jax.core.ShapedArray(x.shape, x.dtype) for x in leaves)
 

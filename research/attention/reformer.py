@@ -1,35 +1,9 @@
 """Reformer's LSH attention (Kitaev et al. 2020, "Reformer: the efficient transformer").
 
-Queries and keys are shared: one projection x W_qk gives q, and the keys are the unit
-vectors k̂ = q / ‖q‖. Each of R hash rounds r draws a random rotation A_r [d, nb/2] and
-puts a position in bucket
-
-  h_r(x) = argmax([x A_r ; −x A_r])  ∈ {0 … nb − 1}   (angular LSH)
-
-The R·n pairs (round r, position t) are sorted by (r, h_r(q_t), t) into one sequence,
-cut into chunks of c, and each chunk attends to itself and the chunk before it (the
-first chunk to the last: the sequence wraps around). A query occurrence i sees the
-candidate keys j of those 2c slots with
-
-  logit_ij = q_i · k̂_j / √d,   −10⁵ when j is i itself (a token attends to itself only
-  when it has nothing else), excluded when j is padding (or after i, when causal)
-
-and gives, per round, o_r = Σ_j softmax_j(logit_ij) v_j and z_r = log Σ_j exp(logit_ij).
-The rounds of a query combine with weights softmax_r(z_r):
-
-  out = Σ_r exp(z_r − log Σ_r' exp z_r') o_r
-
-This is the authors' trax implementation, which reformer-pytorch and transformers
-follow: keys of another bucket inside the 2c slots are attended as well, and a pair met in
-two rounds counts twice. One change: padding positions (t ≥ key_value_seq_lengths) go
-to an extra last bucket nb in every round instead of being hashed, so they never take a
-real token's place in a chunk, and what the padding holds cannot change a real output.
-A query with no candidate in any round returns zeros. Memory is O(R·n·c) per head
-instead of O(n²).
-
-Causal: a query never attends to a later position, and its output has no gradient to
-later inputs; which earlier keys share its chunk still depends on the buckets of the
-whole sequence (the sort is global), as in the paper.
+Queries and keys are shared and hashed into buckets by random rotations (angular LSH);
+sorted by bucket and cut into chunks, each query attends only within its chunk and the one
+before, in several hash rounds: memory O(R·n·c) per head instead of O(n²). It follows the
+authors' trax implementation, as reformer-pytorch and transformers do (`lsh_attention`).
 """
 
 import math
@@ -97,7 +71,37 @@ def _gather(x: Array, index: Array) -> Array:
 
 def lsh_attention(qk: Array, v: Array, rotations: Array, *, chunk_size: int,
                   is_causal: bool = False, key_value_seq_lengths: Array | None = None) -> Array:
-  """LSH self-attention with shared queries and keys (see the module docstring).
+  """LSH self-attention with shared queries and keys.
+
+  One projection x W_qk gives q, and the keys are the unit vectors k̂ = q / ‖q‖. Each of R
+  hash rounds r draws a random rotation A_r [d, nb/2] and puts a position in bucket
+
+    h_r(x) = argmax([x A_r ; −x A_r])  ∈ {0 … nb − 1}   (angular LSH)
+
+  The R·n pairs (round r, position t) are sorted by (r, h_r(q_t), t) into one sequence,
+  cut into chunks of c, and each chunk attends to itself and the chunk before it (the
+  first chunk to the last: the sequence wraps around). A query occurrence i sees the
+  candidate keys j of those 2c slots with
+
+    logit_ij = q_i · k̂_j / √d,   −10⁵ when j is i itself (a token attends to itself only
+    when it has nothing else), excluded when j is padding (or after i, when causal)
+
+  and gives, per round, o_r = Σ_j softmax_j(logit_ij) v_j and z_r = log Σ_j exp(logit_ij).
+  The rounds of a query combine with weights softmax_r(z_r):
+
+    out = Σ_r exp(z_r − log Σ_r' exp z_r') o_r
+
+  This is the authors' trax implementation, which reformer-pytorch and transformers
+  follow: keys of another bucket inside the 2c slots are attended as well, and a pair met in
+  two rounds counts twice. One change: padding positions (t ≥ key_value_seq_lengths) go
+  to an extra last bucket nb in every round instead of being hashed, so they never take a
+  real token's place in a chunk, and what the padding holds cannot change a real output.
+  A query with no candidate in any round returns zeros. Memory is O(R·n·c) per head
+  instead of O(n²).
+
+  Causal: a query never attends to a later position, and its output has no gradient to
+  later inputs; which earlier keys share its chunk still depends on the buckets of the
+  whole sequence (the sort is global), as in the paper.
 
   Args:
     qk: [b, n, H, d] queries, whose unit vectors are the keys; v: [b, n, H, d_v].

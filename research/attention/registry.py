@@ -2,38 +2,8 @@
 
 This module imports no implementation: the portable strategies (`implementations.py`) and
 the accelerator kernels (`kernels/`) register themselves here, and `functional.py`
-dispatches through it. `dot_product_attention(..., implementation=name)` describes its
-call as a `Request` (platform-free: shapes, dtype, pattern) and asks, for every platform
-it may be lowered for, which registered `Implementation` runs it there (`plan`):
-
-  named         the implementation itself where it can do the request, natively or (Pallas
-                kernels on a CPU) interpreted; a refusal on the other platforms. A request
-                it can do on no platform fails at once, naming what is missing and the
-                implementations that can.
-  "auto"        per platform, the first of the implementations that run natively there
-                and can do the request, by `auto_rank` (then registration order); the
-                same on every machine (a pick whose library is not installed here is
-                refused when lowered for its platform, not swapped for another).
-
-The platforms are the capability names "cpu", "gpu" (NVIDIA: the "cuda" lowering platform)
-and "tpu". The choice is made per *lowering* platform (`platforms.per_platform`), not from
-the host's backend, so one traced call lowers to splash's kernel for a TPU and to cuDNN
-for a GPU from a CPU machine. The table (the module docstring of `implementations.py`
-shows it, generated from the registry by `capability_table`) is in `Implementation`.
-
-A kernel plugs in with `register(Implementation(name, fn, ..., platforms={"gpu"},
-auto_rank=0))`. Its function has the uniform signature
-
-  fn(q, k, v, *, scale, bias, mask, visibility, block_size, return_weights[, interpret])
-
-with q [batch, q_len, H, d], k / v [batch, kv_len, H_kv, d], bias and mask None or
-[batch|1, H|1, q_len|1, kv_len|1] (mask boolean, True = may attend), `visibility` a
-`masks.Visibility` (causal, window, static global-token positions, a block-sparse pattern,
-key lengths), `block_size` an int or None (the implementation's default), and `interpret`
-(only for implementations with `interpreted` platforms) True where it runs in Pallas'
-interpreter; it returns out [batch, q_len, H, d_v] in q's dtype, or (out, weights float32
-[batch, H, q_len, kv_len]) when `return_weights`. It is only called with requests its
-capabilities allow.
+dispatches through it, describing each call as a platform-free `Request` and asking, for
+each platform it may be lowered for, which registered `Implementation` runs it (`plan`).
 """
 
 import contextlib
@@ -52,6 +22,7 @@ Array = jax.Array
 FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 WINDOW_SUPPORT = ("unsupported", "optional", "required")
 PLATFORMS = ("cpu", "gpu", "tpu")      # capability names of the platforms "auto" chooses for
+                                       # ("gpu": NVIDIA, the "cuda" lowering platform)
 AUTO = "auto"
 
 
@@ -162,7 +133,21 @@ class Implementation:
   """An attention implementation: its name, its function and what it supports.
 
   Capabilities left out are not claimed (a new kernel declares what it can do), except
-  `platforms`, which defaults to every platform as a pure-JAX function runs anywhere.
+  `platforms`, which defaults to every platform as a pure-JAX function runs anywhere. A
+  kernel plugs in with `register(Implementation(name, fn, ..., platforms={"gpu"},
+  auto_rank=0))`. Its function has the uniform signature
+
+    fn(q, k, v, *, scale, bias, mask, visibility, block_size, return_weights[, interpret])
+
+  with q [batch, q_len, H, d], k / v [batch, kv_len, H_kv, d], bias and mask None or
+  [batch|1, H|1, q_len|1, kv_len|1] (mask boolean, True = may attend), `visibility` a
+  `masks.Visibility` (causal, window, static global-token positions, a block-sparse pattern,
+  key lengths), `block_size` an int or None (the implementation's default), and `interpret`
+  (only for implementations with `interpreted` platforms) True where it runs in Pallas'
+  interpreter; it returns out [batch, q_len, H, d_v] in q's dtype, or (out, weights float32
+  [batch, H, q_len, kv_len]) when `return_weights`. It is only called with requests its
+  capabilities allow. `capability_table` renders the registered ones (docs/attention.md
+  shows it).
   """
   name: str                                 # the `implementation=` argument
   function: Callable[..., Any]              # fn(q, k, v, *, scale, bias, mask, visibility, ...)
@@ -359,9 +344,18 @@ class Choice(NamedTuple):
 
 
 def plan(name: str, request: Request, host: str) -> dict[str, Choice]:
-  """platform -> Choice for each of PLATFORMS. A request that no platform can run raises
-  the ValueError of `check` on `host` (the platform the call is traced on), so an
-  impossible call fails when traced; one that some platform can run fails only when
+  """platform -> Choice for each of PLATFORMS:
+
+    named         the implementation itself where it can do the request, natively or (Pallas
+                  kernels on a CPU) interpreted; a refusal on the other platforms.
+    "auto"        per platform, the first of the implementations that run natively there
+                  and can do the request, by `auto_rank` (then registration order); the
+                  same on every machine (a pick whose library is not installed here is
+                  refused when lowered for its platform, not swapped for another).
+
+  A request that no platform can run raises the ValueError of `check` on `host` (the
+  platform the call is traced on), so an impossible call fails when traced, naming what is
+  missing and the implementations that can; one that some platform can run fails only when
   lowered for a platform that cannot."""
   choices, errors = {}, {}
   for platform in PLATFORMS:
@@ -381,7 +375,7 @@ def plan(name: str, request: Request, host: str) -> dict[str, Choice]:
 
 
 def capability_table() -> str:
-  """The registry as the table in `implementations.py`'s docstring and docs/attention.md."""
+  """The registry as the table in docs/attention.md."""
   rows = [("name", "mask", "bias", "window", "global", "sparse", "lengths", "H_kv<H", "dtypes",
            "platforms", "weights", "auto rank")]
   yes = lambda flag: "yes" if flag else "no"

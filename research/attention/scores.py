@@ -1,18 +1,9 @@
 """Score functions: how well a query matches each key.
 
 Every score maps queries q [..., q_len, d_q] and keys k [..., kv_len, d_k] to logits
-[..., q_len, kv_len], accumulated in at least float32 whatever the input dtype:
-
-  dot         qᵀ k
-  scaled_dot  qᵀ k / √d
-  general     qᵀ W k                    W [d_q, d_k]                      (Luong, bilinear)
-  additive    vᵀ tanh(W_q q + W_k k)    W_q [d_q, a], W_k [d_k, a], v [a]  (Bahdanau)
-  concat      vᵀ tanh(W [q; k])         W [d_q + d_k, a], v [a]           (Luong)
-  location    (W_a q)[s]                W_a [d_q, S], independent of k    (Luong)
-
-`concat` is `additive` with W split into its query rows and key rows. Each score is a
-pure function of its parameters and a `flax.linen` module that owns them; `attend`
-turns logits into weights and a context vector.
+[..., q_len, kv_len], accumulated in at least float32 whatever the input dtype. Each is a
+pure function of its parameters and a `flax.linen` module that owns them
+(`SCORE_FUNCTIONS`); `attend` turns logits into weights and a context vector.
 """
 
 import math
@@ -194,6 +185,13 @@ class LocationScore(Score):
     return location_score(*promote_dtype(q, w_a, dtype=self.dtype), kv_len=k.shape[-2])
 
 
+# name        logits                    parameters
+# dot         qᵀ k
+# scaled_dot  qᵀ k / √d
+# general     qᵀ W k                    W [d_q, d_k]                      (Luong, bilinear)
+# additive    vᵀ tanh(W_q q + W_k k)    W_q [d_q, a], W_k [d_k, a], v [a]  (Bahdanau)
+# concat      vᵀ tanh(W [q; k])         W [d_q + d_k, a], v [a]           (Luong)
+# location    (W_a q)[s]                W_a [d_q, S], independent of k    (Luong)
 SCORE_FUNCTIONS: dict[str, type[Score]] = {
     "dot": DotScore,
     "scaled_dot": ScaledDotScore,

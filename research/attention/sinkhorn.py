@@ -1,29 +1,9 @@
 """Sparse Sinkhorn attention (Tay et al. 2020): blocks of keys softly sorted by a learned
 Sinkhorn-normalised permutation, then attended locally.
 
-The length n is cut into N = n / b blocks of b positions. Per head, a sorting network
-scores every block j for each block i from a summary of block i's keys,
-
-  s_i = Σ_{t ∈ block i} k_t   (causal: s_i = k_{i·b}, the block's first key)
-  R_ij = s_i · w_j + c_j      (w [d, N_max], c [N_max]: the SortNet; N ≤ N_max)
-
-and Sinkhorn balancing turns R into a soft permutation P: from L = (R + g) / τ (g Gumbel
-noise when a PRNG key is given, else 0), `iterations` times
-
-  L_ij ← L_ij − log Σ_j' exp L_ij'   (rows),   L_ij ← L_ij − log Σ_i' exp L_i'j   (columns)
-
-and P = exp L. The sorted keys and values of block i are K̃_i = Σ_j P_ij K_j and
-Ṽ_i = Σ_j P_ij V_j [b, d]; a query t of block i attends, in one softmax, to its own
-block's b keys and to the b sorted ones:
-
-  out_t = softmax([q_t K_iᵀ, q_t K̃_iᵀ] / √d, over the visible ones) [V_i; Ṽ_i]
-
-Causal: P_ij is kept to blocks j < i only, wholly in the past (block 0 gets no sorted
-keys); rows normalise over those j and columns over the rows i' ≤ i only (causal Sinkhorn
-balancing: L_ij ← L_ij − log Σ_{i' ≤ i} exp L_i'j), and own-block keys are seen up to t.
-Padding keys (key_value_seq_lengths) are left out of the summaries, zero in K̃ and Ṽ, and
-never attended; a block with no real key gets P_ij = 0, and a sorted key is visible when
-some real key went into it. Memory O(n·b + N²) per head.
+Each query attends to its own block of keys and to one block of sorted keys, a soft
+permutation of the blocks that a sorting network and Sinkhorn balancing make: memory
+O(n·b + N²) per head for N blocks of b positions (`sinkhorn_attention`).
 """
 
 import math
@@ -86,7 +66,31 @@ def sinkhorn_attention(q: Array, k: Array, v: Array, sort_kernel: Array, sort_bi
                        block_size: int, is_causal: bool = False, iterations: int = 5,
                        temperature: float = 0.75, key_value_seq_lengths: Array | None = None,
                        rng: Array | None = None, return_permutation: bool = False):
-  """Sparse Sinkhorn attention (see the module docstring for the equations).
+  """Sparse Sinkhorn attention.
+
+  The length n is cut into N = n / b blocks of b positions. Per head, a sorting network
+  scores every block j for each block i from a summary of block i's keys,
+
+    s_i = Σ_{t ∈ block i} k_t   (causal: s_i = k_{i·b}, the block's first key)
+    R_ij = s_i · w_j + c_j      (w [d, N_max], c [N_max]: the SortNet; N ≤ N_max)
+
+  and Sinkhorn balancing turns R into a soft permutation P: from L = (R + g) / τ (g Gumbel
+  noise when a PRNG key is given, else 0), `iterations` times
+
+    L_ij ← L_ij − log Σ_j' exp L_ij'   (rows),   L_ij ← L_ij − log Σ_i' exp L_i'j   (columns)
+
+  and P = exp L. The sorted keys and values of block i are K̃_i = Σ_j P_ij K_j and
+  Ṽ_i = Σ_j P_ij V_j [b, d]; a query t of block i attends, in one softmax, to its own
+  block's b keys and to the b sorted ones:
+
+    out_t = softmax([q_t K_iᵀ, q_t K̃_iᵀ] / √d, over the visible ones) [V_i; Ṽ_i]
+
+  Causal: P_ij is kept to blocks j < i only, wholly in the past (block 0 gets no sorted
+  keys); rows normalise over those j and columns over the rows i' ≤ i only (causal Sinkhorn
+  balancing: L_ij ← L_ij − log Σ_{i' ≤ i} exp L_i'j), and own-block keys are seen up to t.
+  Padding keys (key_value_seq_lengths) are left out of the summaries, zero in K̃ and Ṽ, and
+  never attended; a block with no real key gets P_ij = 0, and a sorted key is visible when
+  some real key went into it. Memory O(n·b + N²) per head.
 
   Args:
     q, k: [b, n, H, d]; v: [b, n, H, d_v]; n a multiple of block_size.

@@ -1,18 +1,9 @@
 """Synthesizer attention (Tay et al. 2021, "Synthesizer: Rethinking self-attention for
 transformer models"): the weights are synthesised without query-key dot products.
 
-  Dense    B_h[i, :] = relu(x_i W_1^h + b_1^h) W_2^h + b_2^h     (each token its own row;
-           x_i W_1^h + b_1^h is head h's query projection q_i^h [d], W_2^h [d, ℓ])
-  Random   B_h = R_h [ℓ, ℓ], a learned matrix independent of the input, or R_h = A_h C_hᵀ
-           with A_h, C_h [ℓ, k] (factorised random)
-
-  out_h = softmax(B_h[:n, :n], over the visible keys) v_h
-
-with ℓ the longest length (max_len): an input of length n uses the first n rows and
-columns. Causal attention and padding keys mask the synthesised logits as they would
-q·k logits; a query with no visible key returns zeros. The weights are n × n, as in full
-attention; `synthesizer_attention_in_blocks` makes them a block of queries at a time and
-again in the backward pass, for memory O(block · n) instead of O(n²).
+Dense: each token's row of logits from the token alone, by a two-layer MLP; Random: a
+learned matrix independent of the input (or a low-rank one). The weights are n × n, as in
+full attention, or made a block of queries at a time for memory O(block · n).
 """
 
 from collections.abc import Callable
@@ -117,6 +108,17 @@ def synthesizer_attention_in_blocks(rows: Array, to_logits: Callable[[Array], Ar
 
 class SynthesizerSelfAttention(HeadsSelfAttention):
   """Multi-head Dense or Random Synthesizer self-attention.
+
+    Dense    B_h[i, :] = relu(x_i W_1^h + b_1^h) W_2^h + b_2^h     (each token its own row;
+             x_i W_1^h + b_1^h is head h's query projection q_i^h [d], W_2^h [d, ℓ])
+    Random   B_h = R_h [ℓ, ℓ], a learned matrix independent of the input, or R_h = A_h C_hᵀ
+             with A_h, C_h [ℓ, k] (factorised random)
+
+    out_h = softmax(B_h[:n, :n], over the visible keys) v_h
+
+  with ℓ the longest length (max_len): an input of length n uses the first n rows and
+  columns. Causal attention and padding keys mask the synthesised logits as they would
+  q·k logits; a query with no visible key returns zeros.
 
   Parameters: value / out as in `MultiHeadAttention`, and
     dense:  query (the first layer W_1, b_1: [D, H, d], [H, d]), synthesizer_kernel

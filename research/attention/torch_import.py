@@ -3,23 +3,6 @@
     module, variables = from_torch(torch_mha)
     out = module.apply(variables, query, key, inputs_v=value, mask=mask)  # == torch_mha(...)[0]
 
-Layouts. Our module is batch-first: a torch module built with batch_first=False takes
-[L, B, E] tensors, and the caller transposes them to [B, L, E] (and the output back).
-torch splits E = H · d into heads as e = h · d + i, so with W [E_out, E_in] a torch
-projection matrix, our kernels are
-
-  query/kernel [E_q, H, d] = W_qᵀ reshaped,   out/kernel [H, d, E] = W_oᵀ reshaped,
-
-with W_q, W_k, W_v the three row blocks of in_proj_weight [3E, E] (or q_proj_weight,
-k_proj_weight [E, kdim], v_proj_weight [E, vdim] when kdim or vdim differ from E).
-
-Masks. torch's conventions are the opposite of ours (True = may attend):
-key_padding_mask [B, S] True = ignore, so our mask = ~key_padding_mask[:, None, None, :];
-a boolean attn_mask [L, S] True = not allowed, so our mask = ~attn_mask; a float
-attn_mask is additive, so it is our `bias`. need_weights=True with
-average_attn_weights=False returns what we sow as intermediates/attention_weights (the
-module is built with implementation="dense", which computes them, as torch does).
-
 torch is imported lazily: only this function needs it.
 """
 
@@ -41,6 +24,23 @@ def from_torch(module) -> tuple[MultiHeadAttention, dict[str, Any]]:
   Carries over embed_dim (qkv and output features), num_heads, kdim / vdim, bias=False
   and dropout (attention dropout, active only with `train=True`). Parameters are float32.
   Raises ValueError for add_bias_kv=True or add_zero_attn=True (not supported).
+
+  Layouts. Our module is batch-first: a torch module built with batch_first=False takes
+  [L, B, E] tensors, and the caller transposes them to [B, L, E] (and the output back).
+  torch splits E = H · d into heads as e = h · d + i, so with W [E_out, E_in] a torch
+  projection matrix, our kernels are
+
+    query/kernel [E_q, H, d] = W_qᵀ reshaped,   out/kernel [H, d, E] = W_oᵀ reshaped,
+
+  with W_q, W_k, W_v the three row blocks of in_proj_weight [3E, E] (or q_proj_weight,
+  k_proj_weight [E, kdim], v_proj_weight [E, vdim] when kdim or vdim differ from E).
+
+  Masks. torch's conventions are the opposite of ours (True = may attend):
+  key_padding_mask [B, S] True = ignore, so our mask = ~key_padding_mask[:, None, None, :];
+  a boolean attn_mask [L, S] True = not allowed, so our mask = ~attn_mask; a float
+  attn_mask is additive, so it is our `bias`. need_weights=True with
+  average_attn_weights=False returns what we sow as intermediates/attention_weights (the
+  module is built with implementation="dense", which computes them, as torch does).
   """
   import torch  # pylint: disable=import-outside-toplevel
 

@@ -1,21 +1,6 @@
 """ACL Anthology Network paper pairs (Radev et al., 2013) from Long Range Arena's TSV files, as
-LRA's Retrieval task tokenises them: the bytes of each of the two documents.
-
-The files are LRA's release (lra_release/tsv_data/ in lra_release.gz):
-new_aan_pairs.train.tsv, .eval.tsv and .test.tsv (about 147 000, 18 000 and 17 000 pairs).
-LRA (lra_benchmarks/matching/input_pipeline.py) reads them with no header and no quoting, a
-pair a line of five tab-separated fields
-
-  label <TAB> id1 <TAB> id2 <TAB> text1 <TAB> text2       label 1: the papers are linked
-
-(the label parsed as a float and cast to int; an empty field stops LRA's reader, as it stops
-this one). Each text is encoded with tfds' ByteTextEncoder (research.data.byte_text: byte b is
-id b + 1, 0 pads) from at most its first 10 000 bytes, the ids cut to max_length (4000 in
-matching/configs/base_match_config.py, per document) and padded to max_length. The release
-writes each text as a Python bytes literal (b'…', line breaks escaped as \\n); LRA encodes the
-field as it stands, literal and escapes included, and so does this reader. LRA validates on
-the eval file and tests on the test file: splits train, val, test read train, eval, test.
-Pairs come in the files' order.
+LRA's Retrieval task tokenises them: the bytes of each of the two documents, as LRA's pipeline
+(lra_benchmarks/matching/input_pipeline.py) reads and encodes them.
 """
 
 import os
@@ -40,6 +25,21 @@ _EXPECTED_ROW = f"{len(FIELDS)} tab-separated fields {'<TAB>'.join(FIELDS)} with
 
 def read_split(directory: str | os.PathLike, split: str, max_length: int) -> dict[str, np.ndarray]:
   """One split of LRA's AAN pairs in `directory`, tokenised as LRA does.
+
+  The files are LRA's release (lra_release/tsv_data/ in lra_release.gz):
+  new_aan_pairs.train.tsv, .eval.tsv and .test.tsv (about 147 000, 18 000 and 17 000 pairs).
+  LRA reads them with no header and no quoting, a pair a line of five tab-separated fields
+
+    label <TAB> id1 <TAB> id2 <TAB> text1 <TAB> text2       label 1: the papers are linked
+
+  (the label parsed as a float and cast to int; an empty field stops LRA's reader, as it stops
+  this one). Each text is encoded with tfds' ByteTextEncoder (research.data.byte_text) from at
+  most its first 10 000 bytes, the ids cut to max_length (4000 in
+  matching/configs/base_match_config.py, per document) and padded to max_length. The release
+  writes each text as a Python bytes literal (b'…', line breaks escaped as \\n); LRA encodes the
+  field as it stands, literal and escapes included, and so does this reader. LRA validates on
+  the eval file and tests on the test file: splits train, val, test read train, eval, test.
+  Pairs come in the files' order.
 
   Returns {"tokens": uint16 [N, 2, max_length] byte ids of text1 and text2 (0 pads),
   "lengths": int32 [N, 2] (ids kept per document), "labels": int32 [N] (1: linked)}. Raises

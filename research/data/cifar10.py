@@ -1,31 +1,8 @@
 """CIFAR-10 (Krizhevsky, 2009) read from its python batches as Long Range Arena's Image task
-tokenises it: 1024 grey levels a picture.
-
-The folder is `cifar-10-batches-py` from cifar-10-python.tar.gz
-(https://www.cs.toronto.edu/~kriz/cifar.html): data_batch_1 … data_batch_5 and test_batch,
-each a dict pickled by Python 2 whose b"data" is uint8 [10000, 3072] (per picture the 1024 red,
-then green, then blue values of a 32×32 image, rows top to bottom) and b"labels" 10 000 ints
-0–9. The pickles are read with an unpickler that builds only numpy arrays, so a file cannot run
-code, and checks each array's declared size before numpy allocates it, so a file cannot take
-more memory than a batch: a file of at most MAX_FILE_BYTES, arrays of numbers of at most a
-batch's data (10 000 × 3072 uint8, MAX_ARRAY_BYTES), labels checked as a list before numpy
-builds anything from them.
-
-LRA (lra_benchmarks/image/input_pipeline.py) takes tfds' `cifar10` and turns each picture grey
-with `tf.image.rgb_to_grayscale` (ITU-R BT.601 luma weights) into int tokens 0–255 of a 1024
-sequence, rows top to bottom. That function computes, in float32,
-
-  y = 0.2989 · (R · 1/255) + 0.5870 · (G · 1/255) + 0.1140 · (B · 1/255)
-  grey = trunc(y · 255.5)
-
-(about floor(1.002 · luma): (0, 0, 7) is 0, not round(luma) = 1; and float32 matters: (0, 122,
-186) is 93, the same formula in float64 gives 92). `grey_levels` follows it operation by
-operation in float32; it agrees with TensorFlow 2.21 on all 2^24 colours.
-
-Splits as LRA's: train[:90%], train[90%:] and test, 45 000, 5 000 and 10 000 pictures. tfds
-stores the training pictures in an order of its own (a hash), so LRA's 5 000 validation pictures
-are not recoverable from the batches; here they are the last tenth in batch order (the second
-half of data_batch_5), the rest is train.
+tokenises it: 1024 grey levels a picture, as LRA's pipeline (lra_benchmarks/image/
+input_pipeline.py) makes them from tfds' `cifar10`. The pickles are read by an unpickler that
+builds only numpy arrays, each sized before numpy allocates it, so a file can neither run code
+nor take more memory than a batch.
 """
 
 import io
@@ -63,6 +40,15 @@ _ARRAY_GLOBALS = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multi
 def read_split(directory: str | os.PathLike, split: str) -> dict[str, np.ndarray]:
   """One split of the `cifar-10-batches-py` folder at `directory`, as LRA tokenises it.
 
+  The folder is `cifar-10-batches-py` from cifar-10-python.tar.gz
+  (https://www.cs.toronto.edu/~kriz/cifar.html): data_batch_1 … data_batch_5 and test_batch,
+  each a dict pickled by Python 2 whose b"data" is uint8 [10000, 3072] (per picture the 1024
+  red, then green, then blue values of a 32×32 image, rows top to bottom) and b"labels" 10 000
+  ints 0–9. Splits as LRA's: train[:90%], train[90%:] and test, 45 000, 5 000 and 10 000
+  pictures. tfds stores the training pictures in an order of its own (a hash), so LRA's 5 000
+  validation pictures are not recoverable from the batches; here they are the last tenth in
+  batch order (the second half of data_batch_5), the rest is train.
+
   Returns {"tokens": uint8 [N, 1024] grey levels row-major, "labels": int32 [N] (0–9)}.
   Raises InputError naming the batch file that is missing, not a pickle of CIFAR-10's form,
   or holds data of another shape or type.
@@ -79,7 +65,18 @@ def read_split(directory: str | os.PathLike, split: str) -> dict[str, np.ndarray
 
 
 def grey_levels(data: np.ndarray) -> np.ndarray:
-  """uint8 [n, 3072] channel-planar RGB -> uint8 [n, 1024] grey, as tf.image.rgb_to_grayscale."""
+  """uint8 [n, 3072] channel-planar RGB -> uint8 [n, 1024] grey, as tf.image.rgb_to_grayscale.
+
+  LRA turns each picture grey with that function (ITU-R BT.601 luma weights), into int tokens
+  0–255 of a 1024 sequence, rows top to bottom. It computes, in float32,
+
+    y = 0.2989 · (R · 1/255) + 0.5870 · (G · 1/255) + 0.1140 · (B · 1/255)
+    grey = trunc(y · 255.5)
+
+  (about floor(1.002 · luma): (0, 0, 7) is 0, not round(luma) = 1; and float32 matters: (0,
+  122, 186) is 93, the same formula in float64 gives 92). This follows it operation by
+  operation in float32; it agrees with TensorFlow 2.21 on all 2^24 colours.
+  """
   channels = data.reshape(-1, 3, LENGTH).astype(np.float32) * np.float32(1 / 255)
   red, green, blue = (np.float32(weight) for weight in GREY_WEIGHTS)
   luma = channels[:, 0] * red + channels[:, 1] * green + channels[:, 2] * blue
@@ -157,7 +154,12 @@ _CHECKED = {"ndarray": _Array, "_reconstruct": _reconstruct, "encode": _encode}
 
 class _ArrayUnpickler(pickle.Unpickler):
   """Unpickles dicts, lists, numbers, bytes and numpy arrays (sized before they are allocated,
-  `_Array`); refuses any other global."""
+  `_Array`); refuses any other global.
+
+  So a file cannot run code, and cannot take more memory than a batch: a file of at most
+  MAX_FILE_BYTES, arrays of numbers of at most a batch's data (10 000 × 3072 uint8,
+  MAX_ARRAY_BYTES), labels checked as a list before numpy builds anything from them (`_labels`).
+  """
 
   def find_class(self, module, name):
     if (module, name) not in _ARRAY_GLOBALS:

@@ -1,23 +1,9 @@
 """Date translation pairs from CLDR: "dimanche 14 janvier 2024" -> "2024-01-14".
 
-A source is one day written by babel's `format_date(day, format, locale)`, for a locale
-of LOCALES and a format of FORMATS (CLDR's four standard lengths and a few fixed CLDR
-patterns); its target is the ISO form YYYY-MM-DD. Days range over FIRST_DAY..LAST_DAY,
-exactly one century, so a two-digit year ("14/1/24") names exactly one day.
-
-A source must determine its target, yet numeric short forms of different locales read
-the same digits differently (en "M/d/yy" and es "d/M/yy" both write "1/2/24"). Before
-sampling, `ambiguous_combinations` finds every source string of the whole range that two
-(locale, format) combinations give to different days, and drops combinations (the one in
-most conflicts first) until none is left; with all LOCALES only en "short" goes (babel 2.18).
-
-Sources are babel's strings untouched, invisible marks included: U+200F in Arabic numeric
-forms, U+202F before the Russian and Ukrainian "г." / "р.".
-
-Splits are disjoint by day: a fixed permutation of all days (seed SPLIT_SEED, whatever
-seed the caller samples with) gives 90% of the days to train, 5% to validation and 5% to
-test. An example draws a day of its split, then a locale, then one of that locale's
-formats, all from np.random.default_rng([seed, split index]).
+A source is one day written by babel's `format_date(day, format, locale)` for a locale of
+LOCALES and a format of FORMATS; its target is the ISO form YYYY-MM-DD. The (locale, format)
+combinations that would write one string for two days are dropped (`ambiguous_combinations`),
+and the splits are disjoint by day (`split_days`).
 """
 
 import collections
@@ -34,7 +20,9 @@ from babel.dates import format_date
 
 LOCALES = ("en", "zh", "fr", "de", "es", "ja", "ru", "it", "pt", "nl", "pl", "sv", "tr", "ko",
            "vi", "id", "cs", "uk", "fi", "da", "hi", "ar", "el", "hu")
+# CLDR's four standard lengths and a few fixed CLDR patterns.
 FORMATS = ("short", "medium", "long", "full", "d MMMM y", "EEE d MMM y", "y/MM/dd", "dd.MM.y")
+# Exactly one century, so that a two-digit year ("14/1/24") names exactly one day.
 FIRST_DAY = datetime.date(1950, 1, 1)
 LAST_DAY = datetime.date(2049, 12, 31)
 SPLITS = {"train": 0.9, "validation": 0.05, "test": 0.05}  # fractions of all days
@@ -64,7 +52,11 @@ def all_days() -> tuple[datetime.date, ...]:
 
 
 def split_days(split: str) -> np.ndarray:
-  """The days of one split as proleptic Gregorian ordinals: int64 [days in split]."""
+  """The days of one split as proleptic Gregorian ordinals: int64 [days in split].
+
+  Splits are disjoint by day: a fixed permutation of all days (seed SPLIT_SEED, whatever seed
+  the caller samples with) gives 90% of the days to train, 5% to validation and 5% to test.
+  """
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r}; expected one of {list(SPLITS)}")
   days = np.array([day.toordinal() for day in all_days()])
@@ -166,9 +158,12 @@ def ambiguous_combinations(locales: Sequence[str] = LOCALES,
                            formats: Sequence[str] = FORMATS) -> tuple[tuple[str, str], ...]:
   """The (locale, format) combinations dropped so that every source names one day.
 
-  Conflicts are found over all days FIRST_DAY..LAST_DAY; the combination in most conflicts
-  (the later in locales x formats on a tie) is dropped until none is left. Takes about a
-  second; the result is cached.
+  A source must determine its target, yet numeric short forms of different locales read the
+  same digits differently (en "M/d/yy" and es "d/M/yy" both write "1/2/24"). A conflict is a
+  source string that two combinations give to two different days, found over all days
+  FIRST_DAY..LAST_DAY; the combination in most conflicts (the later in locales x formats on a
+  tie) is dropped until none is left. With all LOCALES only en "short" goes (babel 2.18).
+  Takes about a second; the result is cached.
   """
   _check_locales(locales)
   return _ambiguous_combinations(tuple(locales), tuple(formats))
@@ -219,7 +214,13 @@ def _check_locales(locales: Sequence[str]) -> None:
 
 def date_records(split: str, num_examples: int, seed: int,
                  locales: Sequence[str] = LOCALES) -> list[DatePair]:
-  """num_examples DatePairs of one split, a pure function of (split, num_examples, seed)."""
+  """num_examples DatePairs of one split, a pure function of (split, num_examples, seed).
+
+  An example draws a day of its split, then a locale, then one of that locale's usable
+  formats, all from np.random.default_rng([seed, split index]). Sources are babel's strings
+  untouched, invisible marks included: U+200F in Arabic numeric forms, U+202F before the
+  Russian and Ukrainian "г." / "р.".
+  """
   _check_locales(locales)
   if num_examples < 0:
     raise ValueError(f"num_examples must be >= 0, got {num_examples}")

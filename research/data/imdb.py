@@ -1,22 +1,6 @@
 """IMDB movie reviews (Maas et al., 2011) read from Stanford's `aclImdb` folder as Long Range
-Arena's Text task tokenises them: bytes.
-
-The folder is the one in aclImdb_v1.tar.gz (https://ai.stanford.edu/~amaas/data/sentiment/):
-
-  aclImdb/{train,test}/{neg,pos}/<id>_<rating>.txt     12 500 reviews in each of the four
-  aclImdb/train/unsup/                                  unlabelled, ignored
-
-LRA (lra_benchmarks/text_classification/input_pipeline.py) loads tfds' `imdb_reviews`, whose
-builder reads each of these files as bytes and strips leading and trailing whitespace
-(`bytes.strip()`), keeping the rest as it is (the HTML `<br />` line breaks included), with
-label 0 = neg, 1 = pos. LRA encodes the text with tfds' ByteTextEncoder (research.data.
-byte_text: byte b is id b + 1, 0 pads), keeps the first max_length ids and pads to max_length.
-IMDB has no validation split: LRA evaluates on the test split during training too, so `val`
-reads aclImdb/test here as well. Reviews come in a fixed order: neg then pos, files sorted by
-name (tfds' order is a hash of the paths; training shuffles anyway).
-
-LRA's paper runs Text at length 4K (its Table 1); the released config
-(text_classification/configs/base_tc_config.py) has max_length = 1000.
+Arena's Text task tokenises them: bytes, as LRA's pipeline
+(lra_benchmarks/text_classification/input_pipeline.py) encodes tfds' `imdb_reviews`.
 """
 
 import os
@@ -30,6 +14,8 @@ SPLITS = {"train": "train", "val": "test", "test": "test"}   # split -> aclImdb 
 CLASS_FOLDERS = ("neg", "pos")                                # label 0, 1
 NUM_CLASSES = 2
 VOCAB_SIZE = byte_text.VOCAB_SIZE
+# LRA's paper runs Text at length 4K (its Table 1); the released config
+# (text_classification/configs/base_tc_config.py) has max_length = 1000.
 LRA_MAX_LENGTH = 4000
 TOKENS = ("the review's UTF-8 bytes, whitespace-stripped at both ends, as ids 1–256 (byte + 1), "
           "cut to max_length and padded with 0")
@@ -39,6 +25,19 @@ SOURCE = ("the aclImdb folder of aclImdb_v1.tar.gz from "
 
 def read_split(directory: str | os.PathLike, split: str, max_length: int) -> dict[str, np.ndarray]:
   """One split of the `aclImdb` folder at `directory`, tokenised as LRA does.
+
+  The folder is the one in aclImdb_v1.tar.gz (https://ai.stanford.edu/~amaas/data/sentiment/):
+
+    aclImdb/{train,test}/{neg,pos}/<id>_<rating>.txt     12 500 reviews in each of the four
+    aclImdb/train/unsup/                                  unlabelled, ignored
+
+  tfds' `imdb_reviews` builder, which LRA loads, reads each of these files as bytes and strips
+  leading and trailing whitespace (`bytes.strip()`), keeping the rest as it is (the HTML
+  `<br />` line breaks included), with label 0 = neg, 1 = pos; LRA encodes the text with tfds'
+  ByteTextEncoder (research.data.byte_text), keeps the first max_length ids and pads to
+  max_length. IMDB has no validation split: LRA evaluates on the test split during training
+  too, so `val` reads aclImdb/test here as well. Reviews come in a fixed order: neg then pos,
+  files sorted by name (tfds' order is a hash of the paths; training shuffles anyway).
 
   Returns {"tokens": uint16 [N, max_length] byte ids (0 pads), "lengths": int32 [N] (ids kept,
   at most max_length), "labels": int32 [N] (0 neg, 1 pos)}. Raises InputError naming the folder

@@ -1,28 +1,8 @@
-"""ListOps (Nangia & Bowman 2018) as the Long Range Arena made it (Tay et al., ICLR 2021).
-
-A tree is a digit 0–9 or an operator applied to 2–10 trees; below depth 10 a node is an
-operator with probability 0.25 (at depth 10 always a digit). The operators:
-
-  MIN, MAX   the smallest / largest argument
-  MED        int(median) of the arguments (the mean of the middle two, truncated)
-  SM         the sum of the arguments mod 10
-
-The label is the tree's value (10 classes). A tree's length counts its digits, operators
-and closing brackets; LRA keeps trees with 500 < length < 2000, rejects duplicates, and
-splits 96 000 / 2 000 / 2 000 (train / val / test) in the order they were drawn. The
-source text is LRA's: every operator application left-nested in parentheses,
-
-  [MAX 2 9 [MIN 4 7 ] 0 ]   is written   ( ( ( ( ( [MAX 2 ) 9 ) ( ( ( [MIN 4 ) 7 ) ] ) ) 0 ) ] )
-
-and the files are LRA's TSV layout, `Source<TAB>Target` with that header. LRA's input
-pipeline keeps only alphanumeric tokens (`tokenize(..., brackets=False)`: "MAX 2 9 MIN 4
-7 0", the brackets dropped, so the tree's shape is lost); `brackets=True` keeps "[MAX" and
-"]" (not the parentheses, which only restate them).
+"""ListOps (Nangia & Bowman 2018) as the Long Range Arena made it (Tay et al., ICLR 2021):
+trees of MIN, MAX, MED and SM over digits, their value the label (10 classes), drawn with
+LRA's recipe, written in LRA's text and TSV layout and tokenised as LRA's pipeline does.
 
   python -m research.data.listops --output DIR [--seed S]    # LRA's three files
-
-Deterministic for a seed: trees are drawn with Python's `random.Random(seed)`, in LRA's
-order of calls.
 """
 
 import argparse
@@ -51,7 +31,12 @@ Tree = int | tuple[str, tuple["Tree", ...]]
 
 
 def draw_tree(rng: random.Random, depth: int = 1) -> tuple[Tree, int]:
-  """(tree, length) drawn with LRA's recipe from `depth` (the root is depth 1)."""
+  """(tree, length) drawn with LRA's recipe from `depth` (the root is depth 1).
+
+  A tree is a digit 0–9 or an operator applied to 2–10 trees; below depth 10 a node is an
+  operator with probability 0.25 (at depth 10 always a digit). A tree's length counts its
+  digits, operators and closing brackets.
+  """
   if depth >= MAX_DEPTH or rng.random() > OPERATOR_PROBABILITY:
     return rng.choice(range(10)), 1
   arguments, length = [], 2                       # the operator and its closing bracket
@@ -63,7 +48,12 @@ def draw_tree(rng: random.Random, depth: int = 1) -> tuple[Tree, int]:
 
 
 def evaluate(tree: Tree) -> int:
-  """The value of a tree, 0–9."""
+  """The value of a tree, 0–9:
+
+    MIN, MAX   the smallest / largest argument
+    MED        int(median) of the arguments (the mean of the middle two, truncated)
+    SM         the sum of the arguments mod 10
+  """
   if isinstance(tree, int):
     return tree
   operator, arguments = tree
@@ -78,7 +68,11 @@ def evaluate(tree: Tree) -> int:
 
 
 def to_source(tree: Tree) -> str:
-  """LRA's text of a tree: ( ( [OP a1 ) a2 ) … an ) ] ), recursively."""
+  """LRA's text of a tree: ( ( [OP a1 ) a2 ) … an ) ] ), recursively; every operator
+  application left-nested in parentheses:
+
+    [MAX 2 9 [MIN 4 7 ] 0 ]   is written   ( ( ( ( ( [MAX 2 ) 9 ) ( ( ( [MIN 4 ) 7 ) ] ) ) 0 ) ] )
+  """
   if isinstance(tree, int):
     return str(tree)
   operator, arguments = tree
@@ -90,7 +84,12 @@ def to_source(tree: Tree) -> str:
 def draw_split_trees(seed: int, sizes: tuple[int, ...], lengths: tuple[int, int] = LRA_LENGTHS
                      ) -> list[list[Tree]]:
   """Distinct trees with lengths[0] < length < lengths[1], cut into consecutive groups of
-  `sizes` in the order they were drawn (so no tree is in two groups)."""
+  `sizes` in the order they were drawn (so no tree is in two groups).
+
+  LRA keeps trees with 500 < length < 2000, rejects duplicates, and splits 96 000 / 2 000 /
+  2 000 (train / val / test) in the order they were drawn. Deterministic for a seed: trees are
+  drawn with Python's `random.Random(seed)`, in LRA's order of calls.
+  """
   rng, seen, trees = random.Random(seed), set(), []
   while len(trees) < sum(sizes):
     tree, length = draw_tree(rng)
@@ -105,7 +104,10 @@ def draw_split_trees(seed: int, sizes: tuple[int, ...], lengths: tuple[int, int]
 
 def write_splits(directory: str | os.PathLike, seed: int = 0, splits=LRA_SPLITS,
                  lengths: tuple[int, int] = LRA_LENGTHS) -> dict[str, str]:
-  """Writes `<directory>/<split>.tsv` for each (split, size); returns split -> path."""
+  """Writes `<directory>/<split>.tsv` for each (split, size); returns split -> path.
+
+  The files are LRA's TSV layout: `Source<TAB>Target` with that header, the source `to_source`.
+  """
   os.makedirs(directory, exist_ok=True)
   groups = draw_split_trees(seed, tuple(size for _, size in splits), lengths)
   paths = {}
@@ -175,7 +177,12 @@ def _pair(row: list[str], where: str) -> tuple[str, int]:
 
 def tokenize(source: str, brackets: bool = False) -> list[str]:
   """LRA's tokens of a source text: operator names and digits ("MAX", "7"); with
-  `brackets`, "[MAX" and "]" too (the parentheses are always dropped)."""
+  `brackets`, "[MAX" and "]" too (the parentheses are always dropped).
+
+  LRA's input pipeline keeps only alphanumeric tokens (`brackets=False`: "MAX 2 9 MIN 4 7 0",
+  the brackets dropped, so the tree's shape is lost); `brackets=True` keeps "[MAX" and "]"
+  (not the parentheses, which only restate them).
+  """
   if brackets:
     return [token for token in source.split() if token not in "()"]
   return re.findall(r"[A-Za-z0-9]+", source)

@@ -1,27 +1,7 @@
-"""Multi-query associative recall (MQAR; Arora, Eyuboglu et al. 2024, "Zoology", §3).
-
-A sequence of length L over a vocabulary of V tokens opens with N key-value pairs and then
-asks for every key once:
-
-  k_1 v_1 k_2 v_2 … k_N v_N | 0 … 0 k_{σ(1)} 0 … 0 k_{σ(2)} … 0        (L tokens)
-
-  keys     N distinct tokens of [1, V/2)          (token 0 is the filler)
-  values   N distinct tokens of [V/2, V)
-  queries  key i is repeated at position 2N + 2 g_i, where the gaps g_1 … g_N are distinct
-           draws from {0, …, S − 1}, S = ⌊(L − 2N) / 2⌋, with P(g) ∝ (g + 1)^(α − 1)
-           (a power law; α = 1 is uniform, Zoology's α = 0.01 puts most queries right
-           after the pairs); drawn without replacement by the Gumbel top-k trick, which
-           is sequential sampling proportional to P
-  targets  at each query position the model predicts the next token, the key's value;
-           the loss and the accuracy count these N positions only
-
-The other positions hold the filler 0, or with `random_non_queries` a uniform token of
-[0, V) (Zoology's default; its Figure 2 keeps the filler). Needs L ≥ 4N (room for the pairs
-and N query slots) and V/2 − 1 ≥ N (N distinct keys); `check_sizes` says which is missing.
-
-Returns query positions and targets [B, N] (in the order of the pairs), not a label per
-position: a model applies its output layer at those N positions alone (V logits at all L
-positions cost L / N times as much, for nothing the loss reads).
+"""Multi-query associative recall (MQAR; Arora, Eyuboglu et al. 2024, "Zoology", §3): a
+sequence opens with N key-value pairs and then asks for every key once, at power-law gaps;
+the model must give each queried key's value, and the loss and the accuracy count these N
+answers alone.
 """
 
 import numpy as np
@@ -51,7 +31,27 @@ def gap_probabilities(length: int, num_pairs: int, power: float) -> np.ndarray:
 def multi_query_recall(rng: np.random.Generator, batch_size: int, *, length: int,
                        num_pairs: int, vocab_size: int, power: float = 0.01,
                        random_non_queries: bool = False) -> Batch:
-  """B MQAR sequences (see the module docstring).
+  """B MQAR sequences, each of length L over a vocabulary of V tokens:
+
+    k_1 v_1 k_2 v_2 … k_N v_N | 0 … 0 k_{σ(1)} 0 … 0 k_{σ(2)} … 0        (L tokens)
+
+    keys     N distinct tokens of [1, V/2)          (token 0 is the filler)
+    values   N distinct tokens of [V/2, V)
+    queries  key i is repeated at position 2N + 2 g_i, where the gaps g_1 … g_N are distinct
+             draws from {0, …, S − 1}, S = ⌊(L − 2N) / 2⌋, with P(g) ∝ (g + 1)^(α − 1)
+             (a power law, α = `power`; α = 1 is uniform, Zoology's α = 0.01 puts most
+             queries right after the pairs); drawn without replacement by the Gumbel top-k
+             trick, which is sequential sampling proportional to P
+    targets  at each query position the model predicts the next token, the key's value;
+             the loss and the accuracy count these N positions only
+
+  The other positions hold the filler 0, or with `random_non_queries` a uniform token of
+  [0, V) (Zoology's default; its Figure 2 keeps the filler). Needs L ≥ 4N (room for the pairs
+  and N query slots) and V/2 − 1 ≥ N (N distinct keys); `check_sizes` says which is missing.
+
+  Returns query positions and targets [B, N] (in the order of the pairs), not a label per
+  position: a model applies its output layer at those N positions alone (V logits at all L
+  positions cost L / N times as much, for nothing the loss reads).
 
   Returns:
     inputs [B, L] int32 tokens; positions [B, N] int32, where key i is queried (2N + 2 g_i);

@@ -1,27 +1,9 @@
 """Pathfinder as the Long Range Arena uses it (Tay et al., ICLR 2021; the task of Linsley et al.,
-NeurIPS 2018): generated here with LRA's parameters, or read from LRA's release.
-
-An image shows two markers and several dashed paths; label 1 when the markers sit at the two
-ends of one path, 0 when they sit on two different paths (research.data.pathfinder_drawing
-draws them). LRA's results are pathfinder32 hard (1024 pixels); Path-X is pathfinder128 hard
-(16 384 pixels).
-
-LRA's release (lra_release/pathfinder32/curv_baseline/...) holds `imgs/<k>/sample_<i>.png`
-(8-bit grey) and `metadata/<k>.npy`, which despite the name hold text, one line per image:
-
-  imgs/0 sample_0.png 0 1 1.0 6 2 2 0.5 1 1
-
-(folder, file, index in the folder, label, continuity, contour_length, distractor_length,
-paddle_length, paddle_thickness, paddle_margin, number of paddle contrasts; Linsley's
-snakes2.py wrote them as numpy arrays of these strings, which `read_release` reads too). LRA's
-reader (lra_benchmarks/data/pathfinder.py) takes fields 0 and 1 (the image) and 3 (the label)
-and drops empty image files (the release holds one, pathfinder32/curv_baseline/imgs/0/
-sample_172.png); its input pipeline (lra_benchmarks/image/input_pipeline.py) feeds the grey
-levels 0..255 as integer tokens, row by row, and splits each difficulty [:80%] / [80%:90%] /
-[90%:] into train / val / test. `write_release` writes that layout in folders of 1000 images
-(LRA's: 200 per difficulty), `read_release` reads ours and LRA's, `ensure_generated` writes a
-generated set once and `read_generated` reads it back, both under a lock beside the folder:
-a generated set is renamed into place whole, and never read while another process writes it.
+NeurIPS 2018): generated here with LRA's parameters, or read from LRA's release, in LRA's file
+layout either way. An image shows two markers and several dashed paths; label 1 when the
+markers sit at the two ends of one path, 0 when they sit on two different paths
+(research.data.pathfinder_drawing draws them). LRA's results are pathfinder32 hard (1024
+pixels); Path-X is pathfinder128 hard (16 384 pixels).
 """
 
 import contextlib
@@ -125,8 +107,8 @@ def write_release(root: str | os.PathLike, resolution: int, difficulty: str | in
   """Writes images uint8 [N, R, R] and labels [N] as images start .. start + N - 1 of LRA's
   layout under release_folder(root, ...): imgs/<k>/sample_<i>.png and metadata/<k>.npy (text,
   LRA's fields, each folder's metadata written whole after its images), FOLDER_SIZE images
-  per folder k; `start` must begin a folder. `margins` [N] fills the paddle-margin field
-  (default: the recipe's margin, where it has one)."""
+  per folder k (LRA's release: 200); `start` must begin a folder. `margins` [N] fills the
+  paddle-margin field (default: the recipe's margin, where it has one)."""
   _write_folder(release_folder(root, resolution, difficulty), resolution, difficulty, images,
                 labels, margins, start)
 
@@ -168,11 +150,23 @@ def read_release(root: str | os.PathLike, resolution: int, difficulty: str | int
   {"train" | "val" | "test": {"tokens": uint8 [N, R * R] (grey levels, row by row),
   "labels": int32 [N]}}.
 
-  root is the folder holding pathfinder32/ etc. (lra_release/ once unpacked). Images are
-  taken in the order of metadata/<k>.npy by k, then line by line; empty image files are
-  dropped (as LRA does); then the first 80% are train, the next 10% val, the last 10% test
-  (LRA's proportions; LRA's TFDS builder stores the examples in an order of its own, by a hash
-  of their keys, before it splits them, so its three splits hold other images).
+  root is the folder holding pathfinder32/ etc. (lra_release/ once unpacked). LRA's release
+  (lra_release/pathfinder32/curv_baseline/...) holds `imgs/<k>/sample_<i>.png` (8-bit grey)
+  and `metadata/<k>.npy`, which despite the name hold text, one line per image:
+
+    imgs/0 sample_0.png 0 1 1.0 6 2 2 0.5 1 1
+
+  (folder, file, index in the folder, label, continuity, contour_length, distractor_length,
+  paddle_length, paddle_thickness, paddle_margin, number of paddle contrasts; Linsley's
+  snakes2.py wrote them as numpy arrays of these strings, which are read too). LRA's reader
+  (lra_benchmarks/data/pathfinder.py) takes fields 0 and 1 (the image) and 3 (the label), and
+  its input pipeline (lra_benchmarks/image/input_pipeline.py) feeds the grey levels 0..255 as
+  integer tokens, row by row. Images are taken in the order of metadata/<k>.npy by k, then
+  line by line; empty image files are dropped (as LRA does; the release holds one,
+  pathfinder32/curv_baseline/imgs/0/sample_172.png); then the first 80% are train, the next
+  10% val, the last 10% test (LRA's proportions; LRA's TFDS builder stores the examples in an
+  order of its own, by a hash of their keys, before it splits them, so its three splits hold
+  other images).
 
   Raises InputError naming the folder, the metadata file and line, or the image, and what was
   expected: a missing folder, no metadata, a malformed line, a missing or unreadable image,

@@ -1,50 +1,6 @@
 """Drawing Pathfinder images (Linsley et al., NeurIPS 2018): the recipe of Linsley's
 `snakes2.py`, re-implemented in numpy over a block of images at once. research.data.pathfinder
-holds LRA's parameters for it and the files; this module draws.
-
-An image shows two markers (small discs) and several paths, each a chain of short dashes
-("paddles"); the label is 1 when the markers sit at the two ends of one path, 0 when they sit
-on two different paths.
-
-* Two target paths of `contour_length` paddles start `seed_distance` apart near the centre
-  (the first start uniform in the square [2 seed_distance, R - 2 seed_distance]^2, the second
-  at a uniform angle around it, each first paddle in a uniform direction). A paddle is a
-  segment `paddle_length` px long and `paddle_thickness` px wide. From a paddle with unit
-  direction u the path pivots at its head + m u (m the paddle margin) and the next paddle runs
-  from pivot + m v to pivot + (paddle_length + m) v: dashes 2m apart, the path bending in the
-  middle of the gap. The turn d from u to v is drawn with weight cos^2(continuity d) among
-  CANDIDATES directions spread over |d| < pi / (2 continuity) (90 deg at continuity 1.0, 50 at
-  1.8), those whose paddle stays clear of everything drawn. The two paths grow a paddle each
-  in turn; when one finds no room (or the far marker would come too close to the other path)
-  the image is drawn again from the start, as the original does.
-* A positive marks both ends of path 0; a negative marks the start of path 0 and the far end
-  of path 1. Both classes hold the same two target paths, so ink counts say nothing.
-* `num_distractors` paths of `distractor_length` paddles then start at random free places; one
-  that finds no room in DISTRACTOR_TRIES starts is left out (the original's allow_incomplete).
-* Keep-out: the centre lines of two paths stay at least 2m + thickness + `clearance` apart,
-  and at least marker_radius more from a marker of the other path; a path stays as far from
-  its own paddles except the one before. The original's rule is the same with clearance 0
-  (a paddle dilated by m may not overlap the others dilated by m): the ink of two paths is
-  then as close as two dashes of one path (2m). `clearance` (1 px by default) is ours: it
-  makes every gap between paths wider than every gap within one, so whether the markers are
-  connected can be read from the drawing. At 32 x 32 the pixels blur each stroke by about a
-  pixel, so the images themselves do not always show it; drawn with `zoom` 4 they do
-  (tests/data/test_pathfinder.py checks it with scipy).
-* Each paddle (a flat-ended stroke) and marker (a disc), both with a soft edge of one fine
-  pixel, is drawn antialias_scale times finer, averaged down over antialias_scale^2 blocks
-  on its own (the original: a Lanczos resize) and scaled to a peak of paddle_contrast (1 for
-  markers), as the original's per-paddle imresize did; the strokes combine by their maximum,
-  and each image is scaled so its brightest pixel is 255 (the original's imsave did). So at
-  32 x 32 (contrast 1.5) the dashes are white and the markers grey, as in LRA's images.
-
-How: a grid of antialias_scale cells per pixel holds each paddle's keep-out zone (its cells
-marked with the paddle's slot + 1, -1 where zones of several paddles meet or for markers); a
-new paddle may lie only on free cells or on the zone of the paddle before it. Zones come from
-precomputed masks per direction and sub-cell position, widened by the masks' and the grid's
-rounding so that the keep-out distances above hold exactly. Attempts at the two target paths
-are drawn many at once on a scratch grid, and each image takes the next success for its label
-and margin: long paths seldom fit the frame (about 1 attempt in 30 succeeds at 32 x 32 hard,
-1 in 300 at 128 x 128 hard, 1 in 1700 at 64 x 64 hard, whose 14 paddles of 7 px barely turn).
+holds LRA's parameters for it and the files; this module draws (`draw_samples`).
 """
 
 import dataclasses
@@ -80,7 +36,7 @@ class Recipe:
   padding: float                   # paddles stay this far inside the image
   paddle_contrast: float           # a paddle's peak grey, a marker's being 1
   antialias_scale: int = 2         # drawn this many times finer, then averaged down
-  clearance: float = 1.0           # ours: extra room between paths (the module docstring)
+  clearance: float = 1.0           # ours: extra room between paths (draw_samples)
 
 
 class Samples(NamedTuple):
@@ -98,6 +54,41 @@ def draw_samples(seed: int, count: int, recipe: Recipe, start: int = 0, zoom: in
   Images are drawn in blocks of `block_size(recipe)`, block b from
   numpy.random.default_rng([seed, contour_length, resolution, b]), so image i depends on
   neither count nor start. Labels alternate, 0 for even i.
+
+  An image shows two markers (small discs) and several paths, each a chain of short dashes
+  ("paddles"); the label is 1 when the markers sit at the two ends of one path, 0 when they
+  sit on two different paths.
+
+  * Two target paths of `contour_length` paddles start `seed_distance` apart near the centre
+    (the first start uniform in the square [2 seed_distance, R - 2 seed_distance]^2, the second
+    at a uniform angle around it, each first paddle in a uniform direction). A paddle is a
+    segment `paddle_length` px long and `paddle_thickness` px wide. From a paddle with unit
+    direction u the path pivots at its head + m u (m the paddle margin) and the next paddle runs
+    from pivot + m v to pivot + (paddle_length + m) v: dashes 2m apart, the path bending in the
+    middle of the gap. The turn d from u to v is drawn with weight cos^2(continuity d) among
+    CANDIDATES directions spread over |d| < pi / (2 continuity) (90 deg at continuity 1.0, 50 at
+    1.8), those whose paddle stays clear of everything drawn. The two paths grow a paddle each
+    in turn; when one finds no room (or the far marker would come too close to the other path)
+    the image is drawn again from the start, as the original does.
+  * A positive marks both ends of path 0; a negative marks the start of path 0 and the far end
+    of path 1. Both classes hold the same two target paths, so ink counts say nothing.
+  * `num_distractors` paths of `distractor_length` paddles then start at random free places; one
+    that finds no room in DISTRACTOR_TRIES starts is left out (the original's allow_incomplete).
+  * Keep-out: the centre lines of two paths stay at least 2m + thickness + `clearance` apart,
+    and at least marker_radius more from a marker of the other path; a path stays as far from
+    its own paddles except the one before. The original's rule is the same with clearance 0
+    (a paddle dilated by m may not overlap the others dilated by m): the ink of two paths is
+    then as close as two dashes of one path (2m). `clearance` (1 px by default) is ours: it
+    makes every gap between paths wider than every gap within one, so whether the markers are
+    connected can be read from the drawing. At 32 x 32 the pixels blur each stroke by about a
+    pixel, so the images themselves do not always show it; drawn with `zoom` 4 they do
+    (tests/data/test_pathfinder.py checks it with scipy).
+  * Each paddle (a flat-ended stroke) and marker (a disc), both with a soft edge of one fine
+    pixel, is drawn antialias_scale times finer, averaged down over antialias_scale^2 blocks
+    on its own (the original: a Lanczos resize) and scaled to a peak of paddle_contrast (1 for
+    markers), as the original's per-paddle imresize did; the strokes combine by their maximum,
+    and each image is scaled so its brightest pixel is 255 (the original's imsave did). So at
+    32 x 32 (contrast 1.5) the dashes are white and the markers grey, as in LRA's images.
   """
   size, parts = block_size(recipe), []
   for block in range(start // size, -(-(start + count) // size)):
@@ -121,7 +112,10 @@ def block_size(recipe: Recipe) -> int:
 # border) marks each paddle's keep-out zone with its slot + 1 (-1 where several zones meet,
 # or a marker's); `tails`, `heads` [B, P, 2] hold each paddle slot's ends (row, column in
 # pixels) and `drawn` [B, P] which slots hold a paddle. Slots 0 .. n-1 are target path 0,
-# n .. 2n-1 path 1, then the distractors'.
+# n .. 2n-1 path 1, then the distractors'. A new paddle may lie only on free cells or on the
+# zone of the paddle before it. Zones come from precomputed masks per direction and sub-cell
+# position (`_zone_masks`), widened by the masks' and the grid's rounding so that the
+# keep-out distances hold exactly.
 
 class _Board:
 
@@ -330,10 +324,11 @@ def _draw_targets(recipe: Recipe, labels: np.ndarray, margins: np.ndarray,
 
   An attempt fails when a path finds no room to go on or the far marker comes too close to
   the other path; the original then draws the image again from the start. Long paths seldom
-  fit (the module docstring), so attempts are drawn many at once on a scratch board, each for
-  the label and margin of a pending image, and the k-th success for a (label, margin) goes to
-  the k-th pending image with them: each image gets the first success of its own sequence of
-  independent attempts, as in the original.
+  fit the frame (about 1 attempt in 30 succeeds at 32 x 32 hard, 1 in 300 at 128 x 128 hard,
+  1 in 1700 at 64 x 64 hard, whose 14 paddles of 7 px barely turn), so attempts are drawn
+  many at once on a scratch board, each for the label and margin of a pending image, and the
+  k-th success for a (label, margin) goes to the k-th pending image with them: each image
+  gets the first success of its own sequence of independent attempts, as in the original.
   """
   n = recipe.contour_length
   board = _Board(recipe, len(labels))

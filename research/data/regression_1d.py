@@ -1,11 +1,5 @@
-"""Data of the kernel_regression experiment (the Nadaraya–Watson example of d2l.ai §10.2).
-
-  training   x_i ~ U(0, x_max), sorted, i = 1 … num_train;  y_i = f(x_i) + ε_i,  ε_i ~ N(0, σ²)
-  test       the grid x = 0, s, 2s, … below x_max, with the noise-free targets f(x)
-  f(x) = 2 sin x + x^0.8
-
-With the defaults (50 points, x_max = 5, σ = 0.5, s = 0.1) the test grid is 0, 0.1, …, 4.9.
-Everything is drawn from np.random.default_rng(seed): the same seed gives the same data.
+"""Data of the kernel_regression experiment (the Nadaraya–Watson example of d2l.ai §10.2):
+noisy training points of f(x) = 2 sin x + x^0.8 and a test grid with the noise-free f.
 """
 
 import numpy as np
@@ -28,8 +22,13 @@ def test_grid(x_max: float, spacing: float) -> np.ndarray:
 
 def generate(seed: int, *, num_train: int = 50, x_max: float = 5.0, noise_std: float = 0.5,
              test_spacing: float = 0.1) -> dict[str, np.ndarray]:
-  """The training points and the test grid, float32.
+  """The training points and the test grid, float32:
 
+    training   x_i ~ U(0, x_max), sorted, i = 1 … num_train;  y_i = f(x_i) + ε_i,  ε_i ~ N(0, σ²)
+    test       the grid x = 0, s, 2s, … below x_max, with the noise-free targets f(x)
+
+  σ = noise_std, s = test_spacing; with the defaults the test grid is 0, 0.1, …, 4.9.
+  Everything is drawn from np.random.default_rng(seed): the same seed gives the same data.
   Returns {"x_train": [num_train] ascending, "y_train": [num_train] (noisy),
   "x_test": [num_test], "y_test": [num_test] = f(x_test) (noise-free)}.
   """

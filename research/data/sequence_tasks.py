@@ -4,13 +4,6 @@ Each generator is a pure function of a NumPy generator and a batch size B (plus 
 settings) returning a batch of NumPy arrays, so `GeneratedStream` can replay it. T is the
 dependency distance: the number of blanks (or, for the adding problem, the whole length)
 between what the model must remember and where it must produce it.
-
-Token tasks (copy, reverse, recall) use n = num_symbols symbols and K = num_items items:
-
-  copy / reverse   tokens 0 blank, 1 … n symbols, n + 1 delimiter (vocabulary n + 2)
-  recall           tokens 0 blank, 1 … n keys, n + 1 … 2n values (vocabulary 2n + 1)
-
-and targets are classes 0 … n − 1 (symbol s, or value v, is token s + 1, or n + 1 + v).
 """
 
 import numpy as np
@@ -26,6 +19,9 @@ def copy_memory(rng: np.random.Generator, batch_size: int, *, length: int, num_s
   Each input is K symbols drawn uniformly with replacement, T blanks, the delimiter and
   K blanks; at those last K positions the model must output the K symbols (in reverse
   order when `reverse`).
+
+  Tokens, with n = num_symbols and K = num_items: 0 blank, 1 … n symbols, n + 1 delimiter
+  (vocabulary n + 2); the targets are classes 0 … n − 1, symbol s being token s + 1.
 
   Returns:
     inputs [B, K + T + 1 + K] int32 tokens; targets [B, K] int32 classes of the symbols
@@ -66,6 +62,9 @@ def associative_recall(rng: np.random.Generator, batch_size: int, *, length: int
   The K keys are distinct, drawn from the n keys; values are drawn uniformly with
   replacement; the query is one of the K keys, uniformly. Input layout:
   k_1 v_1 k_2 v_2 … k_K v_K, T blanks, query.
+
+  Tokens, with n = num_symbols and K = num_items: 0 blank, 1 … n keys, n + 1 … 2n values
+  (vocabulary 2n + 1); the targets are classes 0 … n − 1, value v being token n + 1 + v.
 
   Returns:
     inputs [B, 2K + T + 1] int32 tokens; targets [B] int32, the class of the queried value.

@@ -1,15 +1,8 @@
-"""Deterministic, checkpointable batch streams.
-
-A stream yields dicts of NumPy arrays with a leading global-batch axis. Batch n is a
-pure function of (seed, n), so the whole iterator state is the step counter n: it is
-saved in every checkpoint (`get_state`) and restoring it (`set_state`) continues the
-exact same sequence of batches after a crash, on any number of devices or hosts.
-This gives the guarantees of grain's checkpointable iterators without a worker pool.
-
-On several processes each one makes only its rows of every global batch
-(`select(index, count)`: the contiguous share `index` of `count`): the data a host
-generates or gathers is its share, and the shares put together are the one-process
-batch, bit for bit.
+"""Deterministic, checkpointable batch streams: dicts of NumPy arrays with a leading
+global-batch axis, batch n a pure function of (seed, n). The whole iterator state is the step
+counter n, saved in every checkpoint (`get_state`); restoring it (`set_state`) continues the
+exact same sequence of batches after a crash, on any number of devices or hosts. This gives
+the guarantees of grain's checkpointable iterators without a worker pool.
 """
 
 from collections.abc import Callable, Iterator
@@ -31,7 +24,13 @@ class Stream(Protocol):
 
 class Share:
   """The rows [start, stop) of every global batch of `batch_size` that process `index`
-  of `count` feeds (all of them by default)."""
+  of `count` feeds (all of them by default).
+
+  On several processes each one makes only its rows of every global batch
+  (`select(index, count)`: the contiguous share `index` of `count`): the data a host
+  generates or gathers is its share, and the shares put together are the one-process
+  batch, bit for bit.
+  """
 
   def __init__(self, batch_size: int):
     self.batch_size, self.start, self.stop = batch_size, 0, batch_size
@@ -87,8 +86,9 @@ class ShuffledStream(Share):
                  is in the first bucket whose boundary is ≥ lengths[i]; each bucket is
                  permuted and cut into whole batches, and the epoch visits all of them in
                  a shuffled order. The arrays named in `trim` are cut along their last
-                 axis (the positions: [N, L], or [N, 2, L] for pairs) to their bucket's boundary, so short examples make short batches (one
-                 compiled step per bucket instead of padding everything to the longest).
+                 axis (the positions: [N, L], or [N, 2, L] for pairs) to their bucket's
+                 boundary, so short examples make short batches (one compiled step per
+                 bucket instead of padding everything to the longest).
   """
 
   def __init__(self, arrays: Batch, batch_size: int, seed: int, lengths: np.ndarray | None = None,

@@ -1,45 +1,8 @@
 """The char_lm experiment: a byte-level language model of the Python standard library's source.
 
-Data (research/data/python_corpus.py): the library's .py files (config.data.stdlib, ""
-for the running interpreter's; config.data.include_tests), split 90 / 5 / 5 by a hash of
-each file's path; the manifest is printed and written as corpus_manifest.json.
-
-Training: batch n is config.train.batch_size windows of config.data.context + 1 bytes at
-offsets drawn from np.random.default_rng([config.seed, n]) in the training stream (files
-preceded by the byte 0, windows may span files); the loss is the mean cross-entropy (nats)
-of the next byte at every position, from a zero state (recurrent) or no earlier context.
-Periodic evaluation: config.data.eval_windows validation windows drawn once from
-SeedSequence(config.seed, spawn_key=(1,)), scored the same way: eval/loss (nats per byte)
-and eval/bits_per_byte.
-
-Model: `LanguageModel(**config.model, max_length=config.data.context)`
-(research/models/language_model.py); its blocks' keys are the stack's
-(research/experiments/stack_config.py), the self-attention causal.
-
-Report, on the test split (its first config.data.test_bytes bytes with test_bytes > 0,
-else all of it; files ordered by hash, so a cut keeps a random sample of whole files):
-
-  test/bits_per_byte       −Σ log2 p(byte | what came before) / bytes, every byte of every
-                           file scored once, files read whole from their first byte. The
-                           files are laid end to end, each after a byte 0, in
-                           config.data.test_lanes lanes of whole files and about equal
-                           length (`lanes`), read in parallel. A recurrent model carries its
-                           state through a lane in chunks of config.data.test_chunk bytes
-                           (exactly one pass over the lane). The transformer reads windows
-                           of `context` bytes advancing by config.data.test_stride (0: half
-                           the context) and scores each window's last `stride` bytes (the
-                           first window all of its bytes): every byte sees at least
-                           context − stride bytes before it, or all of them near a lane's start.
-  test/zlib_bits_per_byte  8 · len(zlib.compress(data, 9)) / len(data)
-  test/xz_bits_per_byte    8 · len(lzma.compress(data, preset=9 | PRESET_EXTREME)) / len(data)
-                           (= xz -9e), data the same bytes as one concatenated stream: like
-                           the models, the compressors may use earlier files (file by file,
-                           zlib does 4% and xz 22% worse on Python 3.11's test split)
-  test/bytes, test/files   how much was scored; perf/test_seconds the time it took
-
-and samples.txt: config.sample.num_samples continuations of config.sample.prompt (read
-as the start of a file) of config.sample.length bytes, drawn with config.sample.temperature
-and top_k.
+A LanguageModel (`make_model`) learns the next byte of windows of research/data/
+python_corpus.py's training stream; the report scores every byte of the test files in bits per
+byte beside zlib and xz on the same bytes (`test_metrics`), and draws samples.
 """
 
 import json
@@ -146,7 +109,12 @@ def check_test_memory(config, test_bytes: int) -> None:
 
 
 def load_corpus(config) -> python_corpus.Corpus:
-  """The corpus of config.data; InputError if a split is empty or too short to train on."""
+  """The corpus of config.data; InputError if a split is empty or too short to train on.
+
+  The library's .py files (config.data.stdlib, "" for the running interpreter's;
+  config.data.include_tests), split 90 / 5 / 5 by a hash of each file's path; `build` prints
+  the manifest and writes it as corpus_manifest.json.
+  """
   d = config.data
   root = os.path.abspath(d.stdlib or python_corpus.stdlib_directory())
   paths = python_corpus.list_files(root, include_tests=d.include_tests)
@@ -165,6 +133,9 @@ def load_corpus(config) -> python_corpus.Corpus:
 
 
 def make_model(config) -> LanguageModel:
+  """`LanguageModel(**config.model, max_length=config.data.context)`
+  (research/models/language_model.py); its blocks' keys are the stack's
+  (research/experiments/stack_config.py), the self-attention causal."""
   return LanguageModel(**config.model, max_length=config.data.context)
 
 
@@ -273,7 +244,28 @@ def compressed_bits_per_byte(data: bytes) -> dict[str, float]:
 
 
 def test_metrics(config, model: LanguageModel, params, texts: list[bytes]) -> dict[str, float]:
-  """test/* of the module docstring on texts (the test split, or its first test_bytes)."""
+  """test/* on texts: the test split, its first config.data.test_bytes bytes with
+  test_bytes > 0, else all of it (files ordered by hash, so a cut keeps a random sample of
+  whole files).
+
+    test/bits_per_byte       −Σ log2 p(byte | what came before) / bytes, every byte of every
+                             file scored once, files read whole from their first byte. The
+                             files are laid end to end, each after a byte 0, in
+                             config.data.test_lanes lanes of whole files and about equal
+                             length (`lanes`), read in parallel. A recurrent model carries its
+                             state through a lane in chunks of config.data.test_chunk bytes
+                             (exactly one pass over the lane). The transformer reads windows
+                             of `context` bytes advancing by config.data.test_stride (0: half
+                             the context) and scores each window's last `stride` bytes (the
+                             first window all of its bytes): every byte sees at least
+                             context − stride bytes before it, or all of them near a lane's start.
+    test/zlib_bits_per_byte  8 · len(zlib.compress(data, 9)) / len(data)
+    test/xz_bits_per_byte    8 · len(lzma.compress(data, preset=9 | PRESET_EXTREME)) / len(data)
+                             (= xz -9e), data the same bytes as one concatenated stream: like
+                             the models, the compressors may use earlier files (file by file,
+                             zlib does 4% and xz 22% worse on Python 3.11's test split)
+    test/bytes, test/files   how much was scored; perf/test_seconds the time it took
+  """
   d, started = config.data, time.perf_counter()
   tokens, scored = lanes(texts, d.test_lanes)
   if model.kind in BLOCK_KINDS:      # no carried state: windows of the context
@@ -294,7 +286,9 @@ def test_metrics(config, model: LanguageModel, params, texts: list[bytes]) -> di
 
 def draw_samples(config, model: LanguageModel, params) -> str:
   """samples.txt: the settings, then each sample (prompt + continuation, bytes decoded as
-  UTF-8 with replacement characters)."""
+  UTF-8 with replacement characters): config.sample.num_samples continuations of
+  config.sample.prompt (read as the start of a file) of config.sample.length bytes, drawn with
+  config.sample.temperature and top_k."""
   s = config.sample
   prompt = bytes([python_corpus.FILE_START]) + s.prompt.encode("utf-8")
   prompts = jnp.tile(jnp.frombuffer(prompt, jnp.uint8).astype(jnp.int32), (s.num_samples, 1))
@@ -346,7 +340,17 @@ def inference(config, model, extras) -> Inference:
 
 
 def build(config) -> Workload:
-  """Model, data and loss for config (validated); see research/training/experiment.py."""
+  """Model, data and loss for config (validated); see research/training/experiment.py.
+
+  Training: batch n is config.train.batch_size windows of config.data.context + 1 bytes at
+  offsets in the training stream (files preceded by the byte 0, windows may span files)
+  drawn by GeneratedStream, block j of its rows from np.random.default_rng([config.seed, n,
+  j]); the loss is the mean cross-entropy (nats) of the next byte at every position, from a
+  zero state (recurrent) or no earlier context. Periodic evaluation: config.data.eval_windows
+  validation windows drawn once from SeedSequence(config.seed, spawn_key=(1,)), scored the
+  same way: eval/loss (nats per byte) and eval/bits_per_byte. The report: `test_metrics` and
+  `draw_samples`.
+  """
   d, (model, init, _) = config.data, build_model(config)
   corpus = load_corpus(config)
   if model.kind in BLOCK_KINDS:

@@ -1,14 +1,6 @@
 """What every experiment classifying padded token sequences shares (ListOps; LRA's Text,
 Retrieval, Image and Pathfinder): batches bucketed by length, the loss, the metrics and the
 final test report.
-
-A split is {"tokens" [N, L] or [N, 2, L] (document pairs), "lengths" [N] or [N, 2],
-"labels" [N]}; `boundaries` (ascending, the last the longest input) buckets the examples by
-their longest length, and a batch's tokens are cut to its bucket's bound (one compiled step
-per bucket); no boundaries: every batch is padded to the inputs' length. The model maps
-(tokens, lengths) to logits [B, C]; loss: the mean cross-entropy of the logits; metrics:
-loss and accuracy, on "val" during training, on "test" in the final report (test/loss,
-test/accuracy).
 """
 
 import flax.linen as nn
@@ -55,7 +47,16 @@ def example_metrics(logits, labels) -> dict:
 def classification_workload(config, model: nn.Module, init, splits: dict[str, Split],
                             boundaries: tuple[int, ...] = ()) -> Workload:
   """The Workload (research/training/experiment.py) training `model` on splits["train"],
-  evaluating on splits["val"] and reporting on splits["test"]."""
+  evaluating on splits["val"] and reporting on splits["test"].
+
+  A split is {"tokens" [N, L] or [N, 2, L] (document pairs), "lengths" [N] or [N, 2],
+  "labels" [N]}; `boundaries` (ascending, the last the longest input) buckets the examples by
+  their longest length, and a batch's tokens are cut to its bucket's bound (one compiled step
+  per bucket); no boundaries: every batch is padded to the inputs' length. The model maps
+  (tokens, lengths) to logits [B, C]; loss: the mean cross-entropy of the logits; metrics:
+  loss and accuracy, on "val" during training, on "test" in the final report (test/loss,
+  test/accuracy).
+  """
   train = splits["train"]
 
   def loss(params, batch, rng):

@@ -1,37 +1,9 @@
 """The kernel_regression experiment: Nadaraya–Watson regression as attention, bandwidth chosen
 four ways, against linear regression (the d2l.ai example; research/attention/nadaraya_watson.py).
 
-Data (research/data/regression_1d.py, drawn from config.seed): n noisy training points
-(x_i, y_i) of f(x) = 2 sin x + x^0.8 and a test grid with the noise-free f. A query x attends
-to the training points: f̂_h(x) = Σ_i α_h(x, x_i) y_i, α_h the normalised kernel of u = |x − x_i|/h.
-
-For each kernel k of config.model.kernels (gaussian, box, triangle) the bandwidth h is
-
-  fixed    config.model.bandwidth (d2l's h = 1)
-  learned  exp(log h), the trained parameter: the loop's optimizer minimises, from the fixed h,
-           the leave-one-out training MSE  L(h) = 1/n Σ_i (y_i − f̂_{h,−i}(x_i))², where f̂_{h,−i}
-           regresses on the other n − 1 points (each point is left out of its own prediction,
-           else h → 0 interpolates the noise). One log-bandwidth per kernel, trained jointly:
-           the loss is the mean of the kernels' L, whose parameters are separate.
-  loo      argmin of the same L over the grid geomspace(grid_min, grid_max, grid_size):
-           least-squares leave-one-out cross-validation, statsmodels' KernelReg(bw="cv_ls")
-  oracle   argmin over that grid of the test MSE itself (it uses the true f: a bound, not a method)
-
-and the report gives test/mse_<k>_<fixed|learned|loo|oracle> = mean over the test grid of
-(f̂_h(x) − f(x))², test/bandwidth_<k>_<...> = h, and test/mse_linear (least squares a + b x).
-Learned and loo minimise the same criterion, by gradient descent (a local minimum, off the
-grid) and by search (the grid's global minimum). The box kernel is piecewise constant in h, so
-its gradient is zero and its learned bandwidth stays at the fixed one.
-
-config.model.dtype (float32, bfloat16 or float16, as in every experiment) is the dtype of the
-weighted sums Σ_i α_i y_i, the model's matrix products, in training, evaluation and the report
-alike; the distances, the kernels' weights, the bandwidths and the losses stay float32.
-
-Training batches: config.train.batch_size training points (all of them by default) as queries,
-the other n − 1 points as keys and values. Periodic evaluation: eval/mse_<k> on the test grid
-with the current learned h, eval/loss their mean. The report draws the attention weights
-(test × train) of the first kernel with its learned h (attention_<k>.png) and every fit with
-the training points (fit.svg: a report's files other than heatmaps are text).
+A query x attends to n noisy training points (x_i, y_i) of f(x) = 2 sin x + x^0.8
+(research/data/regression_1d.py): f̂_h(x) = Σ_i α_h(x, x_i) y_i, α_h the normalised kernel of
+u = |x − x_i|/h.
 """
 
 import functools
@@ -71,7 +43,13 @@ def kernel_names(config) -> tuple[str, ...]:
 
 def compute_dtype(config) -> str:
   """config.model.dtype: the weighted sums' dtype (float32 where a config.json written before
-  the key lacks it)."""
+  the key lacks it).
+
+  config.model.dtype (float32, bfloat16 or float16, as in every experiment) is the dtype of
+  the weighted sums Σ_i α_i y_i, the model's matrix products, in training, evaluation and the
+  report alike; the distances, the kernels' weights, the bandwidths and the losses stay
+  float32.
+  """
   return config.model.get("dtype", "float32")
 
 
@@ -220,7 +198,12 @@ def inference(config, model, extras) -> Inference:
 
 
 def build(config) -> Workload:
-  """Model, data and loss for config (validated); see research/training/experiment.py."""
+  """Model, data and loss for config (validated); see research/training/experiment.py.
+
+  Training batches: config.train.batch_size training points (all of them by default) as
+  queries, the other n − 1 points as keys and values. Periodic evaluation: eval/mse_<k> on
+  the test grid with the current learned h, eval/loss their mean. The report: `make_report`.
+  """
   kernels, (model, init, arrays) = kernel_names(config), build_model(config)
   x_train, y_train = jnp.asarray(arrays["x_train"]), jnp.asarray(arrays["y_train"])
   rest = jnp.asarray(others(config.data.num_train))
@@ -271,8 +254,24 @@ def bandwidth_curves(x_train, y_train, x_test, y_test, bandwidths, *, kernel: st
 
 def choose_bandwidths(config, arrays, kernel: str, learned: float
                       ) -> dict[str, tuple[float, float, np.ndarray]]:
-  """{method: (h, test MSE, predictions on x_test [m])} for the kernel, the methods of the
-  module docstring."""
+  """{method: (h, test MSE, predictions on x_test [m])} for the kernel. The bandwidth h is
+
+    fixed    config.model.bandwidth (d2l's h = 1)
+    learned  exp(log h), the trained parameter: the loop's optimizer minimises, from the fixed
+             h, the leave-one-out training MSE  L(h) = 1/n Σ_i (y_i − f̂_{h,−i}(x_i))², where
+             f̂_{h,−i} regresses on the other n − 1 points (each point is left out of its own
+             prediction, else h → 0 interpolates the noise). One log-bandwidth per kernel,
+             trained jointly: the loss is the mean of the kernels' L, whose parameters are
+             separate.
+    loo      argmin of the same L over the grid geomspace(grid_min, grid_max, grid_size):
+             least-squares leave-one-out cross-validation, statsmodels' KernelReg(bw="cv_ls")
+    oracle   argmin over that grid of the test MSE itself (it uses the true f: a bound, not a
+             method)
+
+  Learned and loo minimise the same criterion, by gradient descent (a local minimum, off the
+  grid) and by search (the grid's global minimum). The box kernel is piecewise constant in h,
+  so its gradient is zero and its learned bandwidth stays at the fixed one.
+  """
   grid = bandwidth_grid(config)
   bandwidths = np.concatenate([[config.model.bandwidth, learned], grid])
   predictions, test, loo = jax.device_get(bandwidth_curves(
@@ -287,7 +286,14 @@ def choose_bandwidths(config, arrays, kernel: str, learned: float
 def make_report(config, arrays, learned: dict[str, float]) -> Report:
   """Test MSEs and bandwidths of every kernel (learned: {kernel: h}, in config's order) and
   method, linear regression's test MSE, the first kernel's attention heatmap and the drawing
-  of the fits."""
+  of the fits.
+
+  test/mse_<k>_<fixed|learned|loo|oracle> = mean over the test grid of (f̂_h(x) − f(x))²,
+  test/bandwidth_<k>_<...> = h (`choose_bandwidths`), and test/mse_linear (least squares
+  a + b x). The attention weights (test × train) of the first kernel with its learned h are
+  drawn as attention_<k>.png, and every fit with the training points as fit.svg (a report's
+  files other than heatmaps are text).
+  """
   x_train, y_train, x_test, y_test = (arrays[k] for k in ("x_train", "y_train", "x_test", "y_test"))
   metrics, curves = {}, {}
   for kernel, h in learned.items():

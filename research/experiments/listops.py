@@ -1,22 +1,9 @@
 """The listops experiment: Long Range Arena's ListOps with every attention variant.
 
-Data (config.data): LRA's three TSV files (research/data/listops.py), either the user's
-own (`files`: a directory holding train.tsv / val.tsv / test.tsv, or LRA's
-basic_train.tsv / basic_val.tsv / basic_test.tsv) or generated once with LRA's recipe
-into `<dir>/listops/` (the LRA recipe with seed 0) or `<dir>/listops-<recipe>/` (other
-tree lengths, sizes or seeds) and read back from there on every later run. Tokens as
-LRA's pipeline makes them (operator names and digits; `brackets=True` keeps "[MAX" and
-"]"), ids 1… (0 pads), truncated to `max_length`.
-
-Batches are bucketed by length: the training lengths' quantiles, rounded up to a
-multiple of 64 (and `max_length` last), cut the examples into `length_buckets` groups;
-a batch holds one group's examples padded to that group's bound, so short inputs cost a
-short batch (one compiled step per bucket).
-
-Model: `EncoderClassifier(**config.model, <vocabulary size, 10 classes, max_length>)`;
-loss: cross-entropy of the 10-way logits; metrics accuracy (periodic evaluation on
-val, the final report on test: test/accuracy, test/loss). LRA Table 1's published figures are
-LRA_TABLE_1, for comparison tables; a run's metrics hold only what it measured.
+`EncoderClassifier(**config.model, <vocabulary size, 10 classes, max_length>)` reads LRA's
+tokens of the trees in LRA's three TSV files (research/data/listops.py), the user's own or
+generated once with LRA's recipe, and gives each tree's value; the length buckets, loss,
+metrics and test report are research/experiments/classification.py's.
 """
 
 import os
@@ -54,7 +41,8 @@ SPLITS = ("train", "val", "test")
 # LRA's recipe draws trees longer than 5000 tokens less than once in 10 000 draws (the
 # longest of 300 000 draws with seed 0: 5883): shorter minimums only.
 MAX_MIN_TREE_LENGTH = 5000
-# Test accuracy (%) in LRA's Table 1 (Tay et al., ICLR 2021) for our attention variants.
+# Test accuracy (%) in LRA's Table 1 (Tay et al., ICLR 2021) for our attention variants, for
+# comparison tables; a run's metrics hold only what it measured.
 LRA_TABLE_1 = {"full": 36.37, "local": 15.82, "sparse": 17.07, "longformer": 35.63,
                "linformer": 35.70, "reformer": 37.27, "sinkhorn": 33.67, "synthesizer": 36.99,
                "bigbird": 36.05, "linear": 16.13, "performer": 18.01}
@@ -148,6 +136,11 @@ def generates_data(config) -> bool:
 def split_files(config) -> dict[str, str]:
   """split -> TSV path: the user's files, or the generated ones (written on first use).
 
+  The user's own (config.data.files: a directory holding train.tsv / val.tsv / test.tsv, or
+  LRA's basic_train.tsv / basic_val.tsv / basic_test.tsv), or generated once with LRA's recipe
+  into `<dir>/listops/` (the LRA recipe with seed 0) or `<dir>/listops-<recipe>/` (other tree
+  lengths, sizes or seeds) and read back from there on every later run.
+
   Each generated file is written whole (research.files.atomic_write) and the same for one
   directory (its name holds the recipe), so a run reads a split set only once all three are
   there, never part of one. They are written under the directory's lock (<directory>.lock,
@@ -179,7 +172,8 @@ class Data(NamedTuple):
 
 
 def token_ids(brackets: bool) -> dict[str, int]:
-  """ListOps' tokens as LRA's pipeline makes them (listops.tokenize) -> ids 1 … (0 pads)."""
+  """ListOps' tokens as LRA's pipeline makes them (listops.tokenize: operator names and
+  digits; `brackets` keeps "[MAX" and "]") -> ids 1 … (0 pads)."""
   return {token: i + 1 for i, token in enumerate(listops.vocabulary(brackets))}
 
 
@@ -207,6 +201,13 @@ def encode(pairs: list[tuple[str, int]], path: str, brackets: bool, max_length: 
 
 
 def load_data(config) -> Data:
+  """The three splits, encoded, and their length buckets.
+
+  Batches are bucketed by length: the training lengths' quantiles, rounded up to a multiple
+  of 64 (and `max_length` last), cut the examples into `length_buckets` groups; a batch holds
+  one group's examples padded to that group's bound, so short inputs cost a short batch (one
+  compiled step per bucket).
+  """
   d = config.data
   paths = split_files(config)
   try:

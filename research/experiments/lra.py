@@ -1,26 +1,8 @@
 """The lra experiment: Long Range Arena's Text, Retrieval, Image and Pathfinder tasks
 (Tay et al., ICLR 2021) with every attention variant and the LRU / S5 blocks (ListOps, LRA's
-fifth task, is the listops experiment).
-
-config.data.task picks the task; each reads its data from the user's files in the form it is
-distributed (`data.files`, nothing is downloaded), Pathfinder's also generated here:
-
-  text        IMDB reviews (research/data/imdb.py: the `aclImdb` folder) as bytes, 2 classes
-  retrieval   pairs of ACL papers (research/data/aan.py: LRA's new_aan_pairs TSVs) as bytes,
-              linked or not, through a two-tower encoder (DualEncoderClassifier)
-  image       CIFAR-10 (research/data/cifar10.py: `cifar-10-batches-py`) as 1024 grey levels,
-              10 classes
-  pathfinder  Pathfinder's R × R images (research/data/pathfinder.py) as R² grey levels,
-              connected or not: LRA's released `pathfinder32|64|128` folders (data.files: the
-              folder holding them), or generated once into <data.dir>/pathfinder…/ in the same
-              layout and read back from there; R = 128 is Path-X
-
-The byte tasks' examples are cut to data.max_length (per document for Retrieval) and bucketed
-by length (data.length_buckets, as ListOps); the pixel tasks' sequences all have R² tokens.
-Model: EncoderClassifier (DualEncoderClassifier for Retrieval) over the task's vocabulary
-(257 byte ids, 256 grey levels); loss, metrics and report: research/experiments/
-classification.py (val during training, test in the final report; Text has no val split and
-evaluates on test throughout, as LRA does).
+fifth task, is the listops experiment). config.data.task picks the task; each reads its data
+from the user's files in the form it is distributed (`data.files`, nothing is downloaded),
+Pathfinder's also generated here.
 """
 
 import os
@@ -180,7 +162,18 @@ def generates_data(config) -> bool:
 
 def read_splits(config) -> dict[str, dict[str, np.ndarray]]:
   """split -> {"tokens", "lengths", "labels"} of config's task, read from the user's files
-  (Pathfinder: or generated once, then read)."""
+  (Pathfinder: or generated once, then read):
+
+    text        IMDB reviews (research/data/imdb.py: the `aclImdb` folder) as bytes, 2 classes
+    retrieval   pairs of ACL papers (research/data/aan.py: LRA's new_aan_pairs TSVs) as bytes,
+                linked or not, through a two-tower encoder (DualEncoderClassifier)
+    image       CIFAR-10 (research/data/cifar10.py: `cifar-10-batches-py`) as 1024 grey
+                levels, 10 classes
+    pathfinder  Pathfinder's R × R images (research/data/pathfinder.py) as R² grey levels,
+                connected or not: LRA's released `pathfinder32|64|128` folders (data.files:
+                the folder holding them), or generated once into <data.dir>/pathfinder…/ in
+                the same layout and read back from there; R = 128 is Path-X
+  """
   d = config.data
   if not d.files and d.task != "pathfinder":
     raise ConfigError(f"config.data.files='' but the {d.task} task reads its data from your "
@@ -221,6 +214,9 @@ class Data(NamedTuple):
 
 
 def load_data(config) -> Data:
+  """The splits and their length buckets: the byte tasks' examples are cut to
+  data.max_length (per document for Retrieval) and bucketed by length (data.length_buckets,
+  as ListOps); the pixel tasks' sequences all have R² tokens."""
   splits = read_splits(config)
   if config.data.task not in BYTE_TASKS:
     return Data(splits, ())
@@ -251,7 +247,8 @@ def placeholder_data(config) -> Data:
 
 def build_model(config, read=None) -> Model:
   """config.model's EncoderClassifier (DualEncoderClassifier for Retrieval) over the task's
-  vocabulary, initialised on one input of max_length tokens; extras {"task": data.task}."""
+  vocabulary (257 byte ids, 256 grey levels), initialised on one input of max_length tokens;
+  extras {"task": data.task}."""
   del read     # the run writes no file
   task = TASKS[config.data.task]
   classifier = DualEncoderClassifier if task.pairs else EncoderClassifier
@@ -284,7 +281,10 @@ def inference(config, model, extras) -> Inference:
 
 
 def build(config, data: Data | None = None) -> Workload:
-  """Model, data and loss for config (validated); see research/training/experiment.py."""
+  """Model, data and loss for config (validated); see research/training/experiment.py.
+  Loss, metrics and report are research/experiments/classification.py's (val during
+  training, test in the final report; Text has no val split and evaluates on test
+  throughout, as LRA does)."""
   data = load_data(config) if data is None else data
   model, init, _ = build_model(config)
   return classification_workload(config, model, init, data.splits, data.boundaries)

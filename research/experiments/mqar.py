@@ -1,17 +1,9 @@
 """The mqar experiment: multi-query associative recall (Zoology), every causal sequence mixer.
 
-Data (research/data/mqar.py): sequences of config.data.length tokens over a vocabulary of
-vocab_size, num_pairs key-value pairs each queried once at a power-law gap (power α).
-The training set is config.data.train_examples sequences (Zoology's 100 000), made once from
-config.data.seed in blocks of GENERATION_BLOCK (block j from default_rng([seed, 0, j])) and
-reshuffled every epoch; the evaluation set is eval_examples more (default_rng([seed, 1, j])),
-never trained on.
-
-Model: LanguageModel(**config.model, vocab_size, max_length=length)
-(research/models/language_model.py), causal, its logits read at the N query positions
-alone. With model.tie_embeddings (Zoology's) the output layer is the input embedding.
-Loss: the mean cross-entropy of the N values; eval/accuracy: the fraction of queries whose
-most likely next token is the key's value (Zoology's "valid/accuracy").
+A causal LanguageModel (research/models/language_model.py) reads sequences of
+research/data/mqar.py, its logits at the N query positions alone. Loss: the mean cross-entropy
+of the N values; eval/accuracy: the fraction of queries whose most likely next token is the
+key's value (Zoology's "valid/accuracy").
 """
 
 import jax
@@ -79,7 +71,13 @@ def validate(config) -> None:
 
 def generate(config, split: int, count: int) -> dict[str, np.ndarray]:
   """`count` sequences of split 0 (training) or 1 (evaluation), block j of them from
-  default_rng([config.data.seed, split, j])."""
+  default_rng([config.data.seed, split, j]).
+
+  Sequences of config.data.length tokens over a vocabulary of vocab_size, num_pairs key-value
+  pairs each queried once at a power-law gap (power α). The training set is
+  config.data.train_examples sequences (Zoology's 100 000), made once in blocks of
+  GENERATION_BLOCK and reshuffled every epoch; the evaluation set is eval_examples more,
+  never trained on."""
   d = config.data
   blocks = [mqar.multi_query_recall(
       np.random.default_rng([d.seed, split, j]), min(GENERATION_BLOCK, count - start),
@@ -90,7 +88,9 @@ def generate(config, split: int, count: int) -> dict[str, np.ndarray]:
 
 
 def make_model(config) -> LanguageModel:
-  """config.model's LanguageModel over the task's vocabulary and length."""
+  """config.model's LanguageModel over the task's vocabulary and length:
+  LanguageModel(**config.model, vocab_size, max_length=length). With model.tie_embeddings
+  (Zoology's) the output layer is the input embedding."""
   return LanguageModel(**config.model, vocab_size=config.data.vocab_size,
                        max_length=config.data.length)
 

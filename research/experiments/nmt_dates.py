@@ -1,21 +1,9 @@
 """The nmt_dates experiment: seq2seq with attention from dates in many locales to ISO.
 
-Data (config.data): with `corpus` empty, dates rendered by babel from CLDR
-(research/data/dates.py; splits disjoint by date); otherwise the user's own
-`source<TAB>target` file, shuffled with the seed and split 90/5/5, leaving out (with a
-warning that counts them) pairs longer than `max_length` tokens. Tokens are characters
-(dates) or config.data.level. Vocabularies come from the training split; they and the
-longest source and target are written into the workdir (source_vocab.json,
-target_vocab.json, lengths.json), from which `build_model` makes the model again.
-
-Model: `Seq2Seq(**config.model, <vocabulary sizes and source length from the data>)`,
-so config.model's keys are Seq2Seq's fields.
-
-Training minimises the cross-entropy of teacher-forced logits over the target tokens
-(target + EOS). Periodic evaluation on the validation split reports the loss, token
-accuracy (teacher forced) and greedy exact match. The final report decodes the test
-split greedily and with beam search: token accuracy, exact match, exact match by source
-length bucket, sample predictions (predictions.tsv) and attention heatmaps.
+`Seq2Seq(**config.model, <vocabulary sizes and source length from the data>)` learns from
+dates rendered by babel from CLDR (research/data/dates.py), or from the user's own
+`source<TAB>target` file (config.data.corpus), by the cross-entropy of its teacher-forced
+logits; the final report decodes the test split greedily and with beam search.
 """
 
 import json
@@ -138,6 +126,16 @@ def level(config) -> str:
 
 
 def load_data(config) -> Data:
+  """The splits, encoded, and their vocabularies.
+
+  With config.data.corpus empty, dates rendered by babel from CLDR (research/data/dates.py;
+  splits disjoint by date); otherwise the user's own `source<TAB>target` file, shuffled with
+  the seed and split 90/5/5, leaving out (with a warning that counts them, in `build`) pairs
+  longer than config.data.max_length tokens. Tokens are characters (dates) or
+  config.data.level. Vocabularies come from the training split; they and the longest source
+  and target are written into the workdir (`run_files`), from which `build_model` makes the
+  model again.
+  """
   d = config.data
   sizes = {"train": d.train_examples, "validation": d.eval_examples, "test": d.test_examples}
   if d.corpus:
@@ -194,7 +192,8 @@ def run_files(data: Data) -> dict[str, str]:
 
 def build_model(config, read) -> Model:
   """config.model's Seq2Seq with the run's vocabularies and longest source S (the files of
-  `run_files`: read(name)), initialised on one pair of the longest lengths.
+  `run_files`: read(name)), initialised on one pair of the longest lengths; config.model's
+  keys are Seq2Seq's fields.
 
   extras: source_vocab and target_vocab (Vocabulary), level (tokenize's level),
   max_source_length S and max_target_length T (tokens): the model takes sources of up to
@@ -286,6 +285,12 @@ def check_beam_memory(config, data: Data) -> None:
 
 
 def build(config) -> Workload:
+  """Model, data and loss for config (validated); see research/training/experiment.py.
+
+  Training minimises the cross-entropy of teacher-forced logits over the target tokens
+  (target + EOS). Periodic evaluation on the validation split reports the loss, token
+  accuracy (teacher forced) and greedy exact match; the final report is `test_report`.
+  """
   data = load_data(config)
   check_beam_memory(config, data)
   if config.data.corpus:            # the corpus is accepted: say what was left out
@@ -335,7 +340,8 @@ def build(config) -> Workload:
 
 
 def test_report(config, model, params, data: Data, max_len: int) -> Report:
-  """Greedy and beam decoding of the test split: metrics, predictions and heatmaps."""
+  """Greedy and beam decoding of the test split: token accuracy, exact match, exact match by
+  source length bucket, sample predictions (predictions.tsv) and attention heatmaps."""
   test, groups = data.splits["test"], data.groups["test"]
   decoded = {"greedy": [], "beam": [], "weights": []}
   for batch in eval_batches(test, config.train.batch_size):

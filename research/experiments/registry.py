@@ -3,11 +3,6 @@
     from research import experiments
     experiment = experiments.get(config.experiment)   # validate(config), build(config) -> Workload
     train_and_evaluate(config, workdir, experiment)
-
-Your own experiment (in a notebook, say) plugs in the same way:
-`experiments.register("mine", validate=my_validate, build=my_build)`; with
-`build_model=my_build_model` its runs can be restored too (`research.training.restore`), and
-with `inference=my_inference` exported (`launch.py --export`).
 """
 
 from collections.abc import Callable
@@ -27,6 +22,11 @@ def register(name: str, *, validate: Callable[..., None], build: Callable[..., W
   """Adds an experiment under `name` (the value of config.experiment) and returns it
   (build_shapes, generates_data, build_model, inference: see
   `research.training.experiment.Experiment`).
+
+  Your own experiment (in a notebook, say) plugs in the same way:
+  `experiments.register("mine", validate=my_validate, build=my_build)`; with
+  `build_model=my_build_model` its runs can be restored too (`research.training.restore`), and
+  with `inference=my_inference` exported (`launch.py --export`).
 
   Registering a name again replaces the earlier registration, so that a notebook cell that
   registers an experiment runs again; a built-in experiment's name (one of research/

@@ -1,34 +1,7 @@
 """The config.model keys of a stack of blocks (research/models/block_stack.py's StackFields),
-checked alike by every experiment whose model is made of them: sequence_tasks, char_lm and
-listops. Each key means the same in all three:
-
-  hidden_size, num_layers, num_heads   the blocks' width F, depth and attention heads
-  mlp_size                             the MLP's hidden width (absolute, not a ratio; 0: none)
-  attention                            one of SELF_ATTENTIONS (CAUSAL_ATTENTIONS for a
-                                       causal model: char_lm has no proj_len and
-                                       compression), kind "transformer"
-  window                               local / longformer half-width
-  proj_len, compression                linformer's k, memory_compressed's stride c
-  block_size                           sparse / bigbird / sinkhorn block, reformer's chunk
-  num_features, num_hashes             performer's features per head, reformer's rounds
-  state_size, recurrence               kinds "lru" / "s5": states per block; "mamba" /
-                                       "mamba2": per channel / head; "linear_cell", "gla",
-                                       "deltanet": each head's size; the layers' options
-  mixer_gate                           none | glu | half_glu after each mixer (transformer_block.py)
-  dropout_rate                         embeddings, both branches, the MLP's hidden units
-  implementation, dtype                research.attention implementation, products' dtype
-  remat                                blocks (recurrent kinds: layers) recomputed in the
-                                       backward pass: one of research/models/remat.py's REMAT
-
-Sizes are bounded by what the model can use and by memory (`check_stack_sizes`, once the
-inputs' length is known): a size counted in positions (POSITION_KEYS: the window, a
-block, Linformer's k, the compression stride) at most the longest input, which a larger
-one could only pad (Sinkhorn's blocks padded a 256-token input to 2³¹ positions);
-Reformer's sort keys within int32; S5's HiPPO-N initialisation (a NumPy eigendecomposition
-of an (N/J) × (N/J) matrix) within the host's memory; the parameters (`parameter_count`,
-a recurrence's with its state size) within it too, as each experiment checks; and the
-compiled step within the device's memory, as the compiler reports it (performer's
-num_features, say: research/training/compile.py).
+checked alike by every experiment whose model is made of them (sequence_tasks, char_lm,
+listops, lra, mqar): each key means the same in all of them (`check_stack_keys`), and the
+sizes are bounded by what the model can use and by memory (`check_stack_sizes`).
 """
 
 import ml_collections
@@ -68,7 +41,28 @@ SIZES = ("model.hidden_size", "model.num_layers", "model.num_heads", "model.mlp_
 
 
 def check_stack_keys(config, *, causal: bool) -> None:
-  """ConfigError naming the first bad key of the stack's (a causal model: `causal`)."""
+  """ConfigError naming the first bad key of the stack's (a causal model: `causal`). Each key
+  means the same in every experiment:
+
+    hidden_size, num_layers, num_heads   the blocks' width F, depth and attention heads
+    mlp_size                             the MLP's hidden width (absolute, not a ratio; 0: none)
+    attention                            one of SELF_ATTENTIONS (CAUSAL_ATTENTIONS for a
+                                         causal model: char_lm has no proj_len and
+                                         compression), kind "transformer"
+    window                               local / longformer half-width
+    proj_len, compression                linformer's k, memory_compressed's stride c
+    block_size                           sparse / bigbird / sinkhorn block, reformer's chunk
+    num_features, num_hashes             performer's features per head, reformer's rounds
+    state_size, recurrence               kinds "lru" / "s5": states per block; "mamba" /
+                                         "mamba2": per channel / head; "linear_cell", "gla",
+                                         "deltanet": each head's size; the layers' options
+    mixer_gate                           none | glu | half_glu after each mixer
+                                         (transformer_block.py)
+    dropout_rate                         embeddings, both branches, the MLP's hidden units
+    implementation, dtype                research.attention implementation, products' dtype
+    remat                                blocks (recurrent kinds: layers) recomputed in the
+                                         backward pass: one of research/models/remat.py's REMAT
+  """
   m = config.model
   check_choice(config, "model.attention", SELF_ATTENTIONS)
   check_choice(config, "model.implementation", implementation_names())
@@ -99,8 +93,19 @@ def check_stack_keys(config, *, causal: bool) -> None:
 
 def check_stack_sizes(config, length: int, length_keys: str) -> None:
   """ConfigError naming the first size of config.model that a model whose inputs have up
-  to `length` positions cannot use (see the module docstring); `length_keys` says what
-  sets that length, e.g. "config.data.max_length=255 and the CLS token"."""
+  to `length` positions cannot use; `length_keys` says what sets that length, e.g.
+  "config.data.max_length=255 and the CLS token".
+
+  Sizes are bounded by what the model can use and by memory, once the inputs' length is
+  known: a size counted in positions (POSITION_KEYS: the window, a block, Linformer's k, the
+  compression stride) at most the longest input, which a larger one could only pad
+  (Sinkhorn's blocks padded a 256-token input to 2³¹ positions); Reformer's sort keys within
+  int32; S5's HiPPO-N initialisation (a NumPy eigendecomposition of an (N/J) × (N/J) matrix)
+  within the host's memory; the parameters (`parameter_count`, a recurrence's with its state
+  size) within it too, as each experiment checks; and the compiled step within the device's
+  memory, as the compiler reports it (performer's num_features, say:
+  research/training/compile.py).
+  """
   m = config.model
   if m.kind == "transformer":
     key = POSITION_KEYS.get(m.attention)

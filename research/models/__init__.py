@@ -1,10 +1,9 @@
 """Workload models composed from research.attention and research.recurrent.
 
-`TransformerBlock` (transformer_block.py) is the one block of every transformer here, and
-`BlockStack` (block_stack.py) the one stack of them that SequenceModel, LanguageModel and
-EncoderClassifier are made of; its self-attention is chosen by name among SELF_ATTENTIONS
-(`self_attention`, self_attention.py), and `model.kind` picks a recurrent stack or blocks
-(kinds.py). The Seq2Seq decoder's attention is one of DECODER_ATTENTIONS (seq2seq.py).
+`TransformerBlock` is the one block of every transformer here and `BlockStack` the one stack
+of them that SequenceModel, LanguageModel and EncoderClassifier are made of, its
+self-attention chosen by name (`self_attention`); `model.kind` picks a recurrent stack or
+blocks (kinds.py). The Seq2Seq decoder's attention is one of DECODER_ATTENTIONS.
 """
 
 from research.models.block_stack import BlockStack, StackFields

@@ -2,28 +2,6 @@
 its fields declared once (`StackFields`, which the three models inherit, so that
 model.hidden_size, model.mlp_size, model.attention, … mean the same in every experiment)
 and one assembly of it (`BlockStack`, the models' submodule "stack").
-
-  inputs: tokens [B, L] int (vocab_size given) or floats [B, L, D] (vocab_size None)
-    -> embed: Embed(vocab_size, F) or Dense(F)
-    -> cls: a learned vector [F] before position 0 (with `cls`: [B, L + 1, F])
-    -> + positions: learned [max_length (+ 1), F], sinusoidal (Vaswani et al.) or none (a
-       recurrence knows the order; the LRU and S5 papers add none)
-    -> Dropout(dropout_rate)
-    -> block0 … block{num_layers − 1}: TransformerBlocks (pre- or post-norm; dropout_rate
-       on both branches and on the MLP's hidden units, mlp_size of them), each mixing the
-       positions with `block_mixer`: kind "transformer" the self-attention `attention`
-       (self_attention.py) built with layer=i, so that Performer's features, Reformer's
-       rotations and BigBird's random blocks are drawn per layer; kinds "lru" / "s5" a
-       linear recurrence (recurrent_mixer.py); with `remat` (remat.py) each block is
-       run again in the backward pass, its input kept and (per the policy) its matrix
-       products, the rest recomputed
-    -> final_norm: LayerNorm (pre-norm only)
-    -> features [B, L (+ 1), F]
-
-With `causal`, position i reads positions ≤ i only: causal self-attention (one of
-CAUSAL_ATTENTIONS) or the forward recurrence alone. Key lengths [B] (or None: none)
-mask the padding, keys t ≥ length, in every block. Matrix products run in `dtype` with
-float32 parameters.
 """
 
 import dataclasses
@@ -54,7 +32,7 @@ def check_choice(name: str, value: Any, allowed: tuple) -> None:
 
 
 class StackFields(nn.Module, kw_only=True):
-  """The fields of a stack of blocks (see the module docstring), keyword-only.
+  """The fields of a stack of blocks (`BlockStack`), keyword-only.
 
   A model made of blocks inherits them and passes `stack_fields()` to its BlockStack;
   they are its config.model keys. The recurrent kinds (rnn, lstm, gru) read hidden_size,
@@ -108,8 +86,30 @@ class StackFields(nn.Module, kw_only=True):
 
 
 class BlockStack(StackFields):
-  """inputs [B, L] int or [B, L, D] float, key lengths [B] or None -> [B, L (+ 1), F]
-  (see the module docstring)."""
+  """inputs [B, L] int or [B, L, D] float, key lengths [B] or None -> [B, L (+ 1), F]:
+
+    inputs: tokens [B, L] int (vocab_size given) or floats [B, L, D] (vocab_size None)
+      -> embed: Embed(vocab_size, F) or Dense(F)
+      -> cls: a learned vector [F] before position 0 (with `cls`: [B, L + 1, F])
+      -> + positions: learned [max_length (+ 1), F], sinusoidal (Vaswani et al.) or none (a
+         recurrence knows the order; the LRU and S5 papers add none)
+      -> Dropout(dropout_rate)
+      -> block0 … block{num_layers − 1}: TransformerBlocks (pre- or post-norm; dropout_rate
+         on both branches and on the MLP's hidden units, mlp_size of them), each mixing the
+         positions with `block_mixer`: kind "transformer" the self-attention `attention`
+         (self_attention.py) built with layer=i, so that Performer's features, Reformer's
+         rotations and BigBird's random blocks are drawn per layer; kinds "lru" / "s5" a
+         linear recurrence (recurrent_mixer.py); with `remat` (remat.py) each block is
+         run again in the backward pass, its input kept and (per the policy) its matrix
+         products, the rest recomputed
+      -> final_norm: LayerNorm (pre-norm only)
+      -> features [B, L (+ 1), F]
+
+  With `causal`, position i reads positions ≤ i only: causal self-attention (one of
+  CAUSAL_ATTENTIONS) or the forward recurrence alone. Key lengths [B] (or None: none)
+  mask the padding, keys t ≥ length, in every block. Matrix products run in `dtype` with
+  float32 parameters.
+  """
   kind: str = "transformer"        # the blocks' mixer: one of BLOCK_KINDS
   vocab_size: int | None = None    # token inputs; None: float inputs [B, L, D]
   causal: bool = False             # position i reads positions ≤ i only

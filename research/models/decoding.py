@@ -1,27 +1,9 @@
 """Greedy and beam-search decoding of an encoder–decoder, batched and under `jit`.
 
-Both work with any flax module exposing the two methods of `Seq2Seq`:
-
-  encode(source [B, S], source_lengths [B]) -> (memory, state)
-  decode_step(memory, state, token [B]) -> (state, logits [B, V], weights [B, S])
-
-where memory and state are pytrees whose leaves all have the batch as leading axis
-(beam search repeats and reorders them along it). `params` is the parameter tree
-(`variables["params"]`). Each function is jitted with the model, the token ids,
-max_len and beam_size static: it compiles once per model and shape.
-
-Output tokens [B, max_len] hold the hypothesis up to and including EOS, then 0 (pad).
-
-Beam search (Wu et al. 2016, GNMT) ranks a hypothesis Y by
-  score(Y) = log P(Y | X) / lp(Y),   lp(Y) = ((5 + |Y|) / 6)^α,
-with |Y| the number of generated tokens, EOS included. Every step expands the K alive
-hypotheses and keeps the 2K best continuations by log P, so that at least K of them do
-not end in EOS. Those among the K best that end in EOS join the finished pool, which
-keeps its K best scores (as in fairseq; with K = 1 and α = 0 this is greedy decoding),
-and the K best that do not end in EOS stay alive. After max_len steps the best
-finished hypothesis is returned, or, for a batch row where none finished, the best
-alive one scored with |Y| = max_len. A finished hypothesis is preferred to an
-unfinished one whatever their scores.
+Both work with any flax module exposing `Seq2Seq`'s `encode` and `decode_step` (see
+`greedy_decode`), compile once per model and shape, and return tokens [B, max_len] holding
+the hypothesis up to and including EOS, then 0 (pad). Beam search ranks hypotheses with
+GNMT's length penalty (Wu et al. 2016), as fairseq keeps them.
 """
 
 import functools
@@ -39,8 +21,18 @@ def greedy_decode(model: nn.Module, params, source: Array, source_lengths: Array
                   bos_id: int, eos_id: int, max_len: int) -> tuple[Array, Array]:
   """The most likely token at every step, y_t = argmax_v p(v | y_<t, x).
 
+  `model` is any flax module exposing the two methods of `Seq2Seq`:
+
+    encode(source [B, S], source_lengths [B]) -> (memory, state)
+    decode_step(memory, state, token [B]) -> (state, logits [B, V], weights [B, S])
+
+  where memory and state are pytrees whose leaves all have the batch as leading axis
+  (beam search repeats and reorders them along it). `params` is the parameter tree
+  (`variables["params"]`). Each function is jitted with the model, the token ids, max_len
+  and beam_size static: it compiles once per model and shape.
+
   Args:
-    model: the encoder–decoder (see the module docstring); params: its parameters.
+    model: the encoder–decoder (above); params: its parameters.
     source: [B, S] int tokens; source_lengths: [B].
     bos_id: the first decoder input; eos_id: ends a hypothesis; max_len: steps.
 
@@ -79,6 +71,17 @@ def beam_search(model: nn.Module, params, source: Array, source_lengths: Array, 
                 beam_size: int, bos_id: int, eos_id: int, max_len: int,
                 length_penalty: float = 0.6) -> tuple[Array, Array]:
   """The best hypothesis of a beam search with GNMT's length penalty.
+
+  Beam search (Wu et al. 2016, GNMT) ranks a hypothesis Y by
+    score(Y) = log P(Y | X) / lp(Y),   lp(Y) = ((5 + |Y|) / 6)^α,
+  with |Y| the number of generated tokens, EOS included. Every step expands the K alive
+  hypotheses and keeps the 2K best continuations by log P, so that at least K of them do
+  not end in EOS. Those among the K best that end in EOS join the finished pool, which
+  keeps its K best scores (as in fairseq; with K = 1 and α = 0 this is greedy decoding),
+  and the K best that do not end in EOS stay alive. After max_len steps the best
+  finished hypothesis is returned, or, for a batch row where none finished, the best
+  alive one scored with |Y| = max_len. A finished hypothesis is preferred to an
+  unfinished one whatever their scores.
 
   Args:
     model, params, source [B, S], source_lengths [B], bos_id, eos_id, max_len: as in

@@ -1,15 +1,7 @@
 """A two-tower classifier of document pairs (Long Range Arena's Retrieval task).
 
-  tokens [B, 2, L] (0 = padding), lengths [B, 2]
-    -> both documents through one stack (block_stack.py, shared weights: one pass over the
-       2B documents), pooled (the CLS position, or the mean over real positions): u, v [B, F]
-    -> [u, v, u ⊙ v, u − v] [B, 4F]             (LRA's `classifier_head_dual`, after
-    -> Dense(mlp_size) -> ReLU -> Dense(num_classes)   Conneau et al.'s InferSent features)
-    -> logits [B, num_classes] in float32
-
-The stack's fields are StackFields' (block_stack.py), as in EncoderClassifier; the head's
-hidden width is the blocks' MLP width `mlp_size`, as LRA's head takes its `mlp_dim`.
-Matrix products run in `dtype` with float32 parameters.
+Both documents go through one stack of blocks (shared weights), and LRA's head classifies
+the pair from InferSent's features of the two pooled encodings.
 """
 
 import flax.linen as nn
@@ -23,8 +15,19 @@ Array = jax.Array
 
 
 class DualEncoderClassifier(StackFields):
-  """tokens [B, 2, L] int, lengths [B, 2] -> logits [B, num_classes] (see the module
-  docstring)."""
+  """tokens [B, 2, L] int, lengths [B, 2] -> logits [B, num_classes]:
+
+    tokens [B, 2, L] (0 = padding), lengths [B, 2]
+      -> both documents through one stack (block_stack.py, shared weights: one pass over the
+         2B documents), pooled (the CLS position, or the mean over real positions): u, v [B, F]
+      -> [u, v, u ⊙ v, u − v] [B, 4F]             (LRA's `classifier_head_dual`, after
+      -> Dense(mlp_size) -> ReLU -> Dense(num_classes)   Conneau et al.'s InferSent features)
+      -> logits [B, num_classes] in float32
+
+  The stack's fields are StackFields' (block_stack.py), as in EncoderClassifier; the head's
+  hidden width is the blocks' MLP width `mlp_size`, as LRA's head takes its `mlp_dim`.
+  Matrix products run in `dtype` with float32 parameters.
+  """
   vocab_size: int
   num_classes: int
   kind: str = "transformer"         # the blocks' mixer, one of kinds.BLOCK_KINDS

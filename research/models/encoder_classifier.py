@@ -1,18 +1,8 @@
 """A transformer encoder classifier for long inputs (Long Range Arena's text tasks).
 
-  tokens [B, L] (0 = padding), lengths [B]
-    -> the stack (block_stack.py): embedding (+ a learned CLS vector at position 0 with
-       "cls" pooling), positions, dropout, num_layers blocks, the final norm of pre-norm
-    -> pooling (the CLS position, or the mean over real positions)
-    -> Dense(num_classes): logits [B, num_classes] in float32
-
-Each block is a `TransformerBlock` whose self-attention is one of
-`self_attention.SELF_ATTENTIONS`, every variant masking the padding (keys t ≥ length);
-with kind "lru" or "s5" a bidirectional linear recurrence takes the self-attention's place
-(recurrent_mixer.py). `max_length` counts the tokens without the CLS token. LRA's
-Transformer-base is post-norm, learned positions, dropout 0.1 (experiments/listops.py).
-
-Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters.
+The stack of blocks (any self-attention masking the padding, or a bidirectional linear
+recurrence), pooled at a CLS position or over the real positions, then a linear head;
+`pool` is shared with the dual encoder of the Retrieval task.
 """
 
 import flax.linen as nn
@@ -26,8 +16,22 @@ POOLINGS = ("cls", "mean")
 
 
 class EncoderClassifier(StackFields):
-  """tokens [B, L] int, lengths [B] -> logits [B, num_classes] (see the module docstring);
-  the stack's fields are StackFields' (block_stack.py)."""
+  """tokens [B, L] int, lengths [B] -> logits [B, num_classes]; the stack's fields are
+  StackFields' (block_stack.py).
+
+    tokens [B, L] (0 = padding), lengths [B]
+      -> the stack (block_stack.py): embedding (+ a learned CLS vector at position 0 with
+         "cls" pooling), positions, dropout, num_layers blocks, the final norm of pre-norm
+      -> pooling (the CLS position, or the mean over real positions)
+      -> Dense(num_classes): logits [B, num_classes] in float32
+
+  Each block is a `TransformerBlock` whose self-attention is one of
+  `self_attention.SELF_ATTENTIONS`, every variant masking the padding (keys t ≥ length);
+  with kind "lru" or "s5" a bidirectional linear recurrence takes the self-attention's
+  place (recurrent_mixer.py). `max_length` counts the tokens without the CLS token. LRA's
+  Transformer-base is post-norm, learned positions, dropout 0.1 (experiments/listops.py).
+  Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters.
+  """
   vocab_size: int
   num_classes: int
   kind: str = "transformer"         # the blocks' mixer, one of kinds.BLOCK_KINDS:

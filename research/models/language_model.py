@@ -1,34 +1,9 @@
 """Language models over V tokens (bytes by default, V = 256): a recurrent stack or a causal
 stack of blocks.
 
-  rnn | lstm | gru   tokens [B, L] -> Embed(V, embed_size) -> research.recurrent layer
-                     (num_layers × hidden_size, dropout_rate between layers), its state
-                     carried in and out -> Dense(V): logits [B, L, V]
-  transformer        tokens [B, L] -> the causal stack (block_stack.py): Embed(V,
-  lru | s5 | …       hidden_size) + positions -> num_layers blocks (pre-norm by default:
-                     x += Mixer(LN(x)); x += MLP(LN(x))) whose mixer reads earlier tokens
-                     only (causal self-attention `attention`, one of CAUSAL_ATTENTIONS, or
-                     the forward linear recurrence) -> LayerNorm -> Dense(V): logits
-                     [B, L, V]
-
-With `tie_embeddings` the output layer is the input embedding E [V, F] read backwards,
-logits = features · Eᵀ (Press & Wolf 2017; Zoology's models), and there is no Dense head
-(the recurrent kinds need embed_size = hidden_size). Given `logit_positions` [B, K] the
-logits are computed at those K positions of each sequence alone, [B, K, V]: where a loss
-reads a few positions (associative recall's queries) the output layer, L·V products per
-feature, shrinks to K·V.
-
-The recurrent model's `carry` is the layer's state, h [num_layers, B, hidden_size] for
-rnn / gru and (h, c) for lstm: evaluating a long text in chunks, each chunk starting
-from the previous chunk's carry, gives the same logits as one pass over the whole text.
-The blocks have no carry (they return None): their context is the bytes they are given
-(at most `max_length` where the attention or learned positions need it), and a long text
-is scored with a sliding window (research/experiments/char_lm.py).
-
-`sample` draws continuations of a prompt (temperature, top-k) from either kind.
-Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters; logits are float32.
-With `remat` (remat.py) each block, or each layer of the recurrent stack, is recomputed in
-the backward pass instead of keeping its activations.
+`LanguageModel` predicts each next token with a research.recurrent layer (its state carried
+from chunk to chunk of a long text) or with the causal blocks of block_stack.py (any causal
+self-attention or linear recurrence); `sample` draws continuations of a prompt.
 """
 
 from typing import Any
@@ -46,10 +21,38 @@ VOCAB_SIZE = 256                 # bytes
 
 
 class LanguageModel(StackFields):
-  """tokens [B, L] (ints 0 … V − 1) -> (logits [B, L, V], carry); see the module docstring.
+  """tokens [B, L] (ints 0 … V − 1) -> (logits [B, L, V], carry).
+
+    rnn | lstm | gru   tokens [B, L] -> Embed(V, embed_size) -> research.recurrent layer
+                       (num_layers × hidden_size, dropout_rate between layers), its state
+                       carried in and out -> Dense(V): logits [B, L, V]
+    transformer        tokens [B, L] -> the causal stack (block_stack.py): Embed(V,
+    lru | s5 | …       hidden_size) + positions -> num_layers blocks (pre-norm by default:
+                       x += Mixer(LN(x)); x += MLP(LN(x))) whose mixer reads earlier tokens
+                       only (causal self-attention `attention`, one of CAUSAL_ATTENTIONS, or
+                       the forward linear recurrence) -> LayerNorm -> Dense(V): logits
+                       [B, L, V]
 
   The blocks' fields are StackFields' (block_stack.py): hidden_size, num_layers,
   mlp_size, attention, window, …, dropout_rate (the recurrent kinds' too).
+
+  With `tie_embeddings` the output layer is the input embedding E [V, F] read backwards,
+  logits = features · Eᵀ (Press & Wolf 2017; Zoology's models), and there is no Dense head
+  (the recurrent kinds need embed_size = hidden_size). Given `logit_positions` [B, K] the
+  logits are computed at those K positions of each sequence alone, [B, K, V]: where a loss
+  reads a few positions (associative recall's queries) the output layer, L·V products per
+  feature, shrinks to K·V.
+
+  The recurrent model's `carry` is the layer's state, h [num_layers, B, hidden_size] for
+  rnn / gru and (h, c) for lstm: evaluating a long text in chunks, each chunk starting
+  from the previous chunk's carry, gives the same logits as one pass over the whole text.
+  The blocks have no carry (they return None): their context is the bytes they are given
+  (at most `max_length` where the attention or learned positions need it), and a long text
+  is scored with a sliding window (research/experiments/char_lm.py).
+
+  Matrix products run in `dtype` (e.g. bfloat16) with float32 parameters; logits are
+  float32. With `remat` (remat.py) each block, or each layer of the recurrent stack, is
+  recomputed in the backward pass instead of keeping its activations.
   """
   kind: str                      # one of KINDS: "rnn", "lstm", "gru", "transformer", "lru", "s5"
   embed_size: int = 64           # recurrent: token embedding size (blocks: hidden_size)

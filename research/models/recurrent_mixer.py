@@ -1,27 +1,9 @@
-"""A linear recurrence (LRU, S5, linear attention as a cell) in the place of a
-TransformerBlock's self-attention.
+"""A linear recurrence (LRU, S5, linear attention as a cell) or a selective one (Mamba,
+Mamba-2, GLA, DeltaNet) in the place of a TransformerBlock's self-attention.
 
-  x [B, L, F] -> y [B, L, F]:  y = LRU(x) or S5(x) with N = `state_size` complex states,
-                               or LinearAttention(x) (kind "linear_cell"): F / state_size
-                               heads of causal linear attention run as a recurrence, each
-                               with a state of state_size × (state_size + 1); or a
-                               selective recurrence: Mamba(x) (N = state_size states per
-                               channel), Mamba2(x) (N per head), GLA(x) and DeltaNet(x)
-                               (F / state_size heads of that size)
-
-Not causal (an encoder, a classifier): bidirectional, a forward and a backward state, so
-every position reads the whole sequence as self-attention does; causal (a decoder): the
-forward state alone. Padded steps (t ≥ length) give zeros and leave the state as it was.
 The block around it (LayerNorm, residual, MLP) is the transformer's, so a model of these
-blocks has the transformer's widths and depth, as in the LRU and S5 papers' LRA models.
-
-A model's `recurrence` sets the layer's other fields per kind, e.g.
-{"lru": {"r_min": 0.9, "r_max": 0.999}, "s5": {"dt_min": 1e-4}}: OPTIONS lists those a
-model may set (the rest, the state size, the direction and the dtype, it sets itself), and
-`recurrence_defaults()` gives their defaults, the layers' own.
-
-`block_mixer(kind, ...)` is the constructor a TransformerBlock calls with name="attention":
-self-attention for kind "transformer", the recurrence for the kinds of LINEAR_RECURRENT.
+blocks has the transformer's widths and depth, as in the LRU and S5 papers' LRA models;
+`block_mixer(kind, ...)` is the constructor a TransformerBlock calls with name="attention".
 """
 
 import dataclasses
@@ -41,6 +23,10 @@ LINEAR_RECURRENT = {"lru": LRU, "s5": S5, "linear_cell": LinearAttention, "mamba
 # the selective ones (their transition depends on the input): heads that divide the width
 SELECTIVE = tuple(kind for kind, layer in LINEAR_RECURRENT.items()
                   if issubclass(layer, SelectiveLayer))
+# A model's `recurrence` sets the layer's other fields per kind, e.g.
+# {"lru": {"r_min": 0.9, "r_max": 0.999}, "s5": {"dt_min": 1e-4}}: OPTIONS lists those a
+# model may set (the rest, the state size, the direction and the dtype, it sets itself), and
+# `recurrence_defaults()` gives their defaults, the layers' own.
 OPTIONS = {   # per kind: the layer's fields a model's `recurrence` may set
     "lru": ("r_min", "r_max", "max_phase", "mode", "chunk_size"),
     "s5": ("blocks", "conj_sym", "dt_min", "dt_max", "mode", "chunk_size"),
@@ -98,7 +84,18 @@ def recurrence_parameters(kind: str, state_size: int, features: int,
 
 
 class RecurrentMixer(nn.Module):
-  """x [B, L, F], key lengths [B] or None -> [B, L, F] (see the module docstring)."""
+  """x [B, L, F], key lengths [B] or None -> [B, L, F]:
+
+    y = LRU(x) or S5(x) with N = `state_size` complex states, or LinearAttention(x) (kind
+    "linear_cell"): F / state_size heads of causal linear attention run as a recurrence,
+    each with a state of state_size × (state_size + 1); or a selective recurrence: Mamba(x)
+    (N = state_size states per channel), Mamba2(x) (N per head), GLA(x) and DeltaNet(x)
+    (F / state_size heads of that size).
+
+  Not causal (an encoder, a classifier): bidirectional, a forward and a backward state, so
+  every position reads the whole sequence as self-attention does; causal (a decoder): the
+  forward state alone. Padded steps (t ≥ length) give zeros and leave the state as it was.
+  """
   layer: Callable[..., nn.Module]   # one of LINEAR_RECURRENT's layers
   state_size: int = 64              # N
   options: Mapping[str, Any] | None = None   # the layer's other fields (OPTIONS)

@@ -1,42 +1,9 @@
 """The self-attention of a transformer block, chosen by name (`model.attention`): the rows
 of Long Range Arena's Table 1, and memory-compressed attention beside them.
 
-  full               MultiHeadAttention: every key (causal: every earlier one), the
-                     implementation "auto" picks per platform (cuDNN / Pallas / chunked …)
-  local              sliding window: query i sees keys i − window … i + window (causal:
-                     i − window … i)
-  longformer         the same window plus global tokens (position 0: a CLS token or the
-                     first token), which see and are seen by every position
-  sparse             Sparse Transformer's fixed pattern (Child et al. 2019): blocks of
-                     `block_size`, each query sees its own block and the last
-                     max(1, block_size / 8) positions of every block
-  bigbird            BigBird (Zaheer et al. 2020): blocks of `block_size`, a window of 3
-                     blocks, 2 global blocks, 3 random blocks per row drawn once from the
-                     layer's index
-  linformer          keys and values projected along the length to `proj_len` (Wang et al.
-                     2020); needs `max_length`
-  memory_compressed  keys and values shortened `compression`-fold by a strided convolution
-                     (Liu et al. 2018)
-  linear             Linear Transformer (Katharopoulos et al. 2020): φ(x) = elu(x) + 1,
-                     O(n·d²)
-  performer          FAVOR+ (Choromanski et al. 2021): `num_features` positive orthogonal
-                     random features per head, drawn once per layer
-  synthesizer        Dense Synthesizer (Tay et al. 2021): weights [n, n] from each token
-                     alone by a two-layer MLP; needs `max_length`; past 256 tokens made
-                     256 queries at a time (memory O(256·n), as LRA's inputs need)
-  sinkhorn           Sparse Sinkhorn attention (Tay et al. 2020): blocks of `block_size`
-                     sorted by a Sinkhorn-balanced block permutation; needs `max_length`
-  reformer           LSH attention (Kitaev et al. 2020): shared query-key, `num_hashes`
-                     rounds of random-rotation hashing, sorted chunks of `block_size`
-
-Every variant but linformer and memory_compressed can be causal (query i sees keys j ≤ i):
-a projected or compressed key position mixes several positions, later ones among them
-(research/attention/compressed.py refuses is_causal). `check_attention` says so before a
-model is built.
-
-`self_attention(name, ...)` returns the module's constructor; a block calls it with
-name="attention" and then as `attention(x [B, L, F], is_causal=..., key_value_seq_lengths=
-lengths [B] or None, train=...)` -> [B, L, F]. Keys t ≥ length are padding in every variant.
+`self_attention(name, ...)` builds any of SELF_ATTENTIONS with one interface, so every
+block model (sequence_tasks, listops, char_lm) takes each of them; its docstring says what
+each name is and which options it reads.
 """
 
 import functools
@@ -70,7 +37,10 @@ SYNTHESIZER_QUERY_BLOCK = 256   # queries per block of a longer Synthesizer (O(2
 
 def check_attention(name: str, *, window: int, causal: bool = False) -> None:
   """ValueError unless `name` is one of SELF_ATTENTIONS (CAUSAL_ATTENTIONS when causal)
-  that runs with `window` (> 0 for the WINDOWED ones)."""
+  that runs with `window` (> 0 for the WINDOWED ones), before a model is built. Every
+  variant but linformer and memory_compressed can be causal (query i sees keys j ≤ i): a
+  projected or compressed key position mixes several positions, later ones among them
+  (research/attention/compressed.py refuses is_causal)."""
   if name not in SELF_ATTENTIONS:
     raise ValueError(f"attention must be one of {SELF_ATTENTIONS}, got {name!r}")
   if causal and name not in CAUSAL_ATTENTIONS:
@@ -85,7 +55,39 @@ def self_attention(name: str, *, num_heads: int, features: int, window: int = 0,
                    block_size: int = 64, num_features: int = 256, num_hashes: int = 2,
                    layer: int = 0, implementation: str = "auto",
                    dtype: Any = None) -> Callable[..., nn.Module]:
-  """The constructor of the self-attention called `name` (one of SELF_ATTENTIONS).
+  """The constructor of the self-attention called `name` (one of SELF_ATTENTIONS):
+
+    full               MultiHeadAttention: every key (causal: every earlier one), the
+                       implementation "auto" picks per platform (cuDNN / Pallas / chunked …)
+    local              sliding window: query i sees keys i − window … i + window (causal:
+                       i − window … i)
+    longformer         the same window plus global tokens (position 0: a CLS token or the
+                       first token), which see and are seen by every position
+    sparse             Sparse Transformer's fixed pattern (Child et al. 2019): blocks of
+                       `block_size`, each query sees its own block and the last
+                       max(1, block_size / 8) positions of every block
+    bigbird            BigBird (Zaheer et al. 2020): blocks of `block_size`, a window of 3
+                       blocks, 2 global blocks, 3 random blocks per row drawn once from the
+                       layer's index
+    linformer          keys and values projected along the length to `proj_len` (Wang et
+                       al. 2020); needs `max_length`
+    memory_compressed  keys and values shortened `compression`-fold by a strided
+                       convolution (Liu et al. 2018)
+    linear             Linear Transformer (Katharopoulos et al. 2020): φ(x) = elu(x) + 1,
+                       O(n·d²)
+    performer          FAVOR+ (Choromanski et al. 2021): `num_features` positive orthogonal
+                       random features per head, drawn once per layer
+    synthesizer        Dense Synthesizer (Tay et al. 2021): weights [n, n] from each token
+                       alone by a two-layer MLP; needs `max_length`; past 256 tokens made
+                       256 queries at a time (memory O(256·n), as LRA's inputs need)
+    sinkhorn           Sparse Sinkhorn attention (Tay et al. 2020): blocks of `block_size`
+                       sorted by a Sinkhorn-balanced block permutation; needs `max_length`
+    reformer           LSH attention (Kitaev et al. 2020): shared query-key, `num_hashes`
+                       rounds of random-rotation hashing, sorted chunks of `block_size`
+
+  A block calls the constructor with name="attention" and then as `attention(x [B, L, F],
+  is_causal=..., key_value_seq_lengths=lengths [B] or None, train=...)` -> [B, L, F]. Keys
+  t ≥ length are padding in every variant; which can be causal: `check_attention`.
 
   Args:
     num_heads: heads H, dividing `features`.

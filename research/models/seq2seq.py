@@ -1,53 +1,8 @@
 """Encoder–decoder with attention (Bahdanau et al. 2015; Luong et al. 2015).
 
-    model = Seq2Seq(source_vocab_size=V_s, target_vocab_size=V_t, attention="general",
-                    style="luong", input_feeding=True)
-    variables = model.init(key, source, source_lengths, target_in)
-    logits, weights = model.apply(variables, source, source_lengths, target_in)
-
-Shapes: source [B, S] int, source_lengths [B] int, target_in [B, T] int (the target
-shifted right, starting with BOS); logits [B, T, V_t] float32; weights [B, T, S].
-
-Encoder: embedding, then a `research.recurrent` RNN / LSTM / GRU stack over the source
-with packed-sequence lengths. A bidirectional encoder gives each direction hidden_size / 2
-units, so the source states h̄_s always have hidden_size features, the size of the
-decoder state: every score is size-compatible with any encoder (dot and scaled_dot need
-d_q = d_k, which holds by construction; general, additive and concat allow any sizes;
-location needs max_source_length ≥ S). The decoder starts from the top encoder layer's
-final state (h, and c for LSTM), the forward and backward halves concatenated when
-bidirectional.
-
-Decoder, one step t (y_{t-1}: embedded previous target token; cell: the RNN cell):
-
-  bahdanau   query s_{t-1};  a_t = attention(s_{t-1}, h̄),  c_t = Σ_s a_t(s) h̄_s
-             s_t = cell(s_{t-1}, [y_{t-1}; c_t])
-             t̃_t = U_o [s_t; c_t; y_{t-1}] + b_o          (2·hidden_size units)
-             o_t = maxout(t̃_t): max of consecutive pairs   (the paper's deep output)
-             logits = W_o o_t + b
-  luong      h_t = cell(h_{t-1}, [y_{t-1}; h̃_{t-1}])     (h̃_{t-1} only with input_feeding,
-                                                           h̃_0 = 0)
-             a_t = attention(h_t, h̄),  c_t = Σ_s a_t(s) h̄_s
-             h̃_t = tanh(W_c [c_t; h_t])
-             logits = W_s h̃_t + b
-
-Bahdanau's output follows the paper's eq. (4), p(y_t | y_<t, x) = g(y_{t-1}, s_t, c_t),
-with the deep output of its appendix A.2.2 (which writes U_o s_{t-1}; we use s_t as in
-eq. 4); its initial state is the encoder's final state as above, not tanh(W_s h̄_1).
-With attention "none" the context terms are dropped: the encoder's final state is the
-only link (the fixed-length bottleneck). Dropout (training only) acts on the
-embeddings, between encoder layers and on o_t / h̃_t. With `remat` (remat.py) each
-encoder layer (and direction) is recomputed in the backward pass from its inputs; the
-decoder, one cell stepped through time, is not.
-
-Attention: a score name of `research.attention.SCORE_FUNCTIONS` (softmax over the
-non-padded source positions), "local_m" / "local_p" (Luong's window of half-width
-D = `window` around p_t = t or the predicted p_t, with the `score` field's function),
-or "hard" (one source position, chosen with the `score` field's function). Hard
-attention picks the argmax at evaluation; in training, hard_training "gumbel" uses the
-straight-through Gumbel-softmax (gradients reach the score), and "reinforce" samples
-s ~ softmax and sows log p(s_t) [B, T] as intermediates "attention_log_prob" for a
-REINFORCE surrogate (`research.attention.reinforce_surrogate` with reward −NLL).
-Hard attention draws from the PRNG stream "attention", dropout from "dropout".
+A recurrent encoder and an attention decoder in Bahdanau's or Luong's style, with any of
+`DECODER_ATTENTIONS` (a score function, Luong's local attention, hard attention, or none:
+the fixed-length bottleneck); nmt_dates trains it, and `decoding.py` decodes with it.
 """
 
 import functools
@@ -102,7 +57,17 @@ def cell_output(carry: Any) -> Array:
 
 class Encoder(nn.Module):
   """source [B, S] int, source_lengths [B] -> (Memory with h̄_s [B, S, H], the decoder
-  cell's initial carry: h [B, H], or (c, h) for LSTM, from the top layer)."""
+  cell's initial carry: h [B, H], or (c, h) for LSTM, from the top layer).
+
+  An embedding, then a `research.recurrent` RNN / LSTM / GRU stack over the source with
+  packed-sequence lengths. A bidirectional encoder gives each direction hidden_size / 2
+  units, so the source states h̄_s always have hidden_size features, the size of the
+  decoder state: every score is size-compatible with any encoder (dot and scaled_dot need
+  d_q = d_k, which holds by construction; general, additive and concat allow any sizes;
+  location needs max_source_length ≥ S). The decoder starts from the top encoder layer's
+  final state (h, and c for LSTM), the forward and backward halves concatenated when
+  bidirectional.
+  """
   vocab_size: int          # source vocabulary
   embed_size: int          # embedding features
   hidden_size: int         # features of h̄_s (each direction has half when bidirectional)
@@ -132,7 +97,18 @@ class Encoder(nn.Module):
 
 class DecoderAttention(nn.Module):
   """One query per batch row against the memory: (context [B, H], weights [B, S],
-  log p(choice) [B], zero except for hard attention)."""
+  log p(choice) [B], zero except for hard attention).
+
+  `attention` is a score name of `research.attention.SCORE_FUNCTIONS` (softmax over the
+  non-padded source positions), "local_m" / "local_p" (Luong's window of half-width
+  D = `window` around p_t = t or the predicted p_t, with the `score` field's function), or
+  "hard" (one source position, chosen with the `score` field's function). Hard attention
+  picks the argmax at evaluation; in training, hard_training "gumbel" uses the
+  straight-through Gumbel-softmax (gradients reach the score), and "reinforce" samples
+  s ~ softmax and returns log p(s_t) for a REINFORCE surrogate
+  (`research.attention.reinforce_surrogate` with reward −NLL). Hard attention draws from
+  the PRNG stream "attention".
+  """
   attention: str                   # a score name, "local_m", "local_p" or "hard"
   score: str = "general"           # score function of local_m / local_p / hard
   features: int = 64               # a, width of additive / concat / local-p layers
@@ -167,7 +143,28 @@ class DecoderAttention(nn.Module):
 
 
 class Decoder(nn.Module):
-  """The attention decoder: `step` is one target position, `__call__` scans them all."""
+  """The attention decoder: `step` is one target position, `__call__` scans them all.
+
+  One step t (y_{t-1}: embedded previous target token; cell: the RNN cell):
+
+    bahdanau   query s_{t-1};  a_t = attention(s_{t-1}, h̄),  c_t = Σ_s a_t(s) h̄_s
+               s_t = cell(s_{t-1}, [y_{t-1}; c_t])
+               t̃_t = U_o [s_t; c_t; y_{t-1}] + b_o          (2·hidden_size units)
+               o_t = maxout(t̃_t): max of consecutive pairs   (the paper's deep output)
+               logits = W_o o_t + b
+    luong      h_t = cell(h_{t-1}, [y_{t-1}; h̃_{t-1}])     (h̃_{t-1} only with
+                                                             input_feeding, h̃_0 = 0)
+               a_t = attention(h_t, h̄),  c_t = Σ_s a_t(s) h̄_s
+               h̃_t = tanh(W_c [c_t; h_t])
+               logits = W_s h̃_t + b
+
+  Bahdanau's output follows the paper's eq. (4), p(y_t | y_<t, x) = g(y_{t-1}, s_t, c_t),
+  with the deep output of its appendix A.2.2 (which writes U_o s_{t-1}; we use s_t as in
+  eq. 4); its initial state is the encoder's final state (`Encoder`), not tanh(W_s h̄_1).
+  With attention "none" the context terms are dropped: the encoder's final state is the
+  only link (the fixed-length bottleneck). Dropout (training only) acts on the embeddings
+  and on o_t / h̃_t.
+  """
   vocab_size: int                  # target vocabulary V
   embed_size: int                  # embedding features
   hidden_size: int                 # H, features of the cell state
@@ -247,7 +244,22 @@ class Decoder(nn.Module):
 
 
 class Seq2Seq(nn.Module):
-  """Encoder–decoder with attention; see the module docstring for the equations."""
+  """Encoder–decoder with attention; `Encoder`, `Decoder` and `DecoderAttention` give the
+  equations.
+
+      model = Seq2Seq(source_vocab_size=V_s, target_vocab_size=V_t, attention="general",
+                      style="luong", input_feeding=True)
+      variables = model.init(key, source, source_lengths, target_in)
+      logits, weights = model.apply(variables, source, source_lengths, target_in)
+
+  Shapes: source [B, S] int, source_lengths [B] int, target_in [B, T] int (the target
+  shifted right, starting with BOS); logits [B, T, V_t] float32; weights [B, T, S]. With
+  hard attention and hard_training "reinforce", log p(s_t) [B, T] is sown as intermediates
+  "attention_log_prob". Dropout (training only, PRNG stream "dropout") acts on the
+  embeddings, between encoder layers and on the decoder's output layer. With `remat`
+  (remat.py) each encoder layer (and direction) is recomputed in the backward pass from its
+  inputs; the decoder, one cell stepped through time, is not.
+  """
   source_vocab_size: int           # source vocabulary
   target_vocab_size: int           # target vocabulary V
   embed_size: int = 64             # embedding features (source and target)

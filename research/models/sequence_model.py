@@ -1,25 +1,8 @@
 """Sequence models for the synthetic tasks: a recurrent stack or a stack of blocks.
 
-  rnn | lstm | gru   inputs (one-hot tokens, or the float features as they are) ->
-                     research.recurrent layer (num_layers × hidden_size, dropout_rate
-                     between layers) -> head
-  transformer        the stack (block_stack.py): token embedding (or Dense for float
-  lru | s5           inputs) + positions -> num_layers blocks (pre-norm by default:
-                     x += Mixer(LN(x)); x += MLP(LN(x))) mixing positions with the
-                     self-attention `attention` (any of SELF_ATTENTIONS; local: query i sees
-                     keys i − window … i + window) or a bidirectional linear recurrence
-                     (recurrent_mixer.py) -> LayerNorm -> head
-
-With `causal`, position i of the blocks reads positions ≤ i only: causal self-attention
-(one of CAUSAL_ATTENTIONS; local: keys i − window … i), the forward recurrence alone
-(half the work of both).
-
-The head is a Dense layer on every position ("per_position": [B, L, num_outputs]) or on
-the last one ("last": [B, num_outputs]); the last position of a recurrent model, or of
-causal blocks, has read the whole sequence, and every position of the non-causal blocks
-sees every other. Matrix products run in `dtype` (e.g. bfloat16) with float32
-parameters; the outputs are float32. With `remat` (remat.py) each block, or each layer of
-the recurrent stack, is recomputed in the backward pass instead of keeping its activations.
+`SequenceModel` reads one-hot tokens or float features with a research.recurrent layer or
+the blocks of block_stack.py (any self-attention or linear recurrence, causal or not) and
+predicts at every position or at the last one.
 """
 
 import flax.linen as nn
@@ -36,9 +19,28 @@ HEADS = ("per_position", "last")
 class SequenceModel(StackFields):
   """inputs [B, L] int tokens (vocab_size given) or [B, L, D] floats -> outputs.
 
-  Returns [B, L, num_outputs] with head "per_position", [B, num_outputs] with "last". The
-  blocks' fields are StackFields' (block_stack.py): hidden_size, num_layers, mlp_size,
-  attention, window, …, dropout_rate (the recurrent kinds' too).
+    rnn | lstm | gru   inputs (one-hot tokens, or the float features as they are) ->
+                       research.recurrent layer (num_layers × hidden_size, dropout_rate
+                       between layers) -> head
+    transformer        the stack (block_stack.py): token embedding (or Dense for float
+    lru | s5           inputs) + positions -> num_layers blocks (pre-norm by default:
+                       x += Mixer(LN(x)); x += MLP(LN(x))) mixing positions with the
+                       self-attention `attention` (any of SELF_ATTENTIONS; local: query i
+                       sees keys i − window … i + window) or a bidirectional linear
+                       recurrence (recurrent_mixer.py) -> LayerNorm -> head
+
+  With `causal`, position i of the blocks reads positions ≤ i only: causal self-attention
+  (one of CAUSAL_ATTENTIONS; local: keys i − window … i), the forward recurrence alone
+  (half the work of both).
+
+  Returns [B, L, num_outputs] with head "per_position", [B, num_outputs] with "last": the
+  last position of a recurrent model, or of causal blocks, has read the whole sequence, and
+  every position of the non-causal blocks sees every other. The blocks' fields are
+  StackFields' (block_stack.py): hidden_size, num_layers, mlp_size, attention, window, …,
+  dropout_rate (the recurrent kinds' too). Matrix products run in `dtype` (e.g. bfloat16)
+  with float32 parameters; the outputs are float32. With `remat` (remat.py) each block, or
+  each layer of the recurrent stack, is recomputed in the backward pass instead of keeping
+  its activations.
   """
   kind: str                      # one of KINDS: "rnn", "lstm", "gru", "transformer", "lru", "s5"
   num_outputs: int               # classes, or 1 for a scalar

@@ -1,27 +1,7 @@
 """The transformer block of every model here: self-attention and an MLP, each a residual
 branch, with LayerNorm before the branch (pre-norm) or after the sum (post-norm, as in the
-original Transformer and LRA). On x [B, L, F]:
-
-  pre:   x ← x + Drop(Attention(LN(x)));   x ← x + Drop(W₂ Drop_a(gelu(W₁ LN(x))))
-  post:  x ← LN(x + Drop(Attention(x)));   x ← LN(x + Drop(W₂ Drop_a(gelu(W₁ x))))
-
-With mlp_size 0 the block is its first branch alone (Zoology's blocks, whose "state
-mixer" is the identity). `mixer_gate` follows the mixer with the gated linear unit of the
-S5 and LRU papers' layers (their only nonlinearity: those layers have no MLP), on the
-mixer's output y:
-
-  glu        W_v Drop_a(gelu(y)) ⊙ σ(W_g Drop_a(gelu(y)))   (the LRU paper's; S5's "full_glu")
-  half_glu   y ⊙ σ(W_g Drop_a(gelu(y)))                      (S5's "half_glu2", its LRA recipes)
-
-W_v ("gate_value") and W_g ("gate") [F, F] with biases. Drop is dropout at `dropout_rate` on
-each branch, Drop_a at `activation_dropout_rate` on the MLP's hidden units and the gate's
-input (train=True only). gelu is flax's (the
-tanh approximation); W₁ is [F, mlp_size], W₂ [mlp_size, F]. A pre-norm stack ends with a
-final LayerNorm (the model's).
-
-Parameters: attention/… (the attention module's own), attention_norm, mlp_in, mlp_out,
-mlp_norm: the names of `torch.nn.TransformerEncoderLayer`'s parts are self_attn, norm1,
-linear1, linear2, norm2.
+original Transformer and LRA); the attention's place may hold any mixer (a linear
+recurrence), optionally followed by the S5 and LRU papers' gated linear unit.
 """
 
 from collections.abc import Callable
@@ -36,7 +16,29 @@ MIXER_GATES = ("none", "glu", "half_glu")
 
 
 class TransformerBlock(nn.Module):
-  """x [B, L, F], key lengths [B] or None -> [B, L, F] (see the module docstring)."""
+  """x [B, L, F], key lengths [B] or None -> [B, L, F]:
+
+    pre:   x ← x + Drop(Attention(LN(x)));   x ← x + Drop(W₂ Drop_a(gelu(W₁ LN(x))))
+    post:  x ← LN(x + Drop(Attention(x)));   x ← LN(x + Drop(W₂ Drop_a(gelu(W₁ x))))
+
+  With mlp_size 0 the block is its first branch alone (Zoology's blocks, whose "state
+  mixer" is the identity). `mixer_gate` follows the mixer with the gated linear unit of the
+  S5 and LRU papers' layers (their only nonlinearity: those layers have no MLP), on the
+  mixer's output y:
+
+    glu        W_v Drop_a(gelu(y)) ⊙ σ(W_g Drop_a(gelu(y)))   (the LRU paper's; S5's "full_glu")
+    half_glu   y ⊙ σ(W_g Drop_a(gelu(y)))                      (S5's "half_glu2", its LRA recipes)
+
+  W_v ("gate_value") and W_g ("gate") [F, F] with biases. Drop is dropout at `dropout_rate`
+  on each branch, Drop_a at `activation_dropout_rate` on the MLP's hidden units and the
+  gate's input (train=True only). gelu is flax's (the tanh approximation); W₁ is
+  [F, mlp_size], W₂ [mlp_size, F]. A pre-norm stack ends with a final LayerNorm (the
+  model's).
+
+  Parameters: attention/… (the attention module's own), attention_norm, mlp_in, mlp_out,
+  mlp_norm: the names of `torch.nn.TransformerEncoderLayer`'s parts are self_attn, norm1,
+  linear1, linear2, norm2.
+  """
   attention: Callable[..., nn.Module]  # the self-attention's constructor (self_attention.py),
                                        # called with name="attention"
   mlp_size: int                        # hidden width of the MLP (0: no MLP branch)

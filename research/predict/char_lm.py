@@ -4,43 +4,6 @@
   predict.sample(run, "def ", length=200, temperature=0.8, num_samples=2)  # [b"...", b"..."]
   predict.bits_per_byte(run, open("mine.py", "rb").read())                 # e.g. 1.74
   predict.byte_bits(run, "import os\\n")      # [10] float64: −log2 p of each byte
-
-A prompt or a text is read as the experiment reads a file of its corpus
-(research/experiments/char_lm.py): its bytes (a str as UTF-8) after the byte FILE_START
-(0), from the model's zero state or with nothing before. An empty prompt asks for the start
-of a file.
-
-Sampling is language_model.sample, jit-compiled once per run, prompt length and setting:
-each byte drawn from softmax(logits / temperature) over the top_k most likely bytes
-(top_k = 0: all 256; temperature = 0: the most likely byte), from jax.random.key(seed); the
-blocks (kinds transformer, lru, s5) read the last config.data.context bytes before each
-draw, as they were trained, so of a longer prompt they are handed its last context bytes
-alone (the same samples; one compiled function for every longer prompt). A recurrent model
-reads the whole prompt in its first step.
-
-Scoring is the experiment's test/bits_per_byte on one file: −Σ log2 p(byte | FILE_START and
-the bytes before it) / bytes. A recurrent model reads the text in chunks of
-config.data.test_chunk bytes carrying its state; the blocks read windows of
-config.data.context bytes advancing by config.data.test_stride (0: half the context), each
-byte scored in the last window that holds it (the first window scores all of its bytes), so
-every byte sees at least context − stride bytes before it, or all of them near the start.
-The windows are cut from the text batch by batch (at most config.train.batch_size a call,
-research/predict/runs.py), so a text of 10^7 bytes is scored in memory that grows with the
-text alone.
-
-What one call of the sampler holds is bounded, and refused beyond its bound (the range in
-the message): num_samples × length ≤ SAMPLED_BYTES = 2^24 drawn bytes (their ids, the
-random keys and the blocks' buffer of prompt and drawn bytes grow with it), and the logits
-of a step, num_samples × W × 256 float32 (W: the context for the blocks, the prompt's
-bytes + 1 for a recurrent model's first step), within research.predict.runs.CALL_BYTES
-(256 MiB). Seeds are 0 … 2^32 − 1: jax.random.key keeps 32 bits of a seed (without x64),
-so 2^32 would draw what 0 draws.
-
-Refused, before anything compiles (research.errors.InputError, one line naming the
-argument): a prompt or text that is not a str or bytes, or a str that UTF-8 cannot encode
-(a lone surrogate); an empty text; a prompt too long for a recurrent model to read at once;
-num_samples or length not an int within the bounds above (a bool is not an int);
-temperature < 0 or not finite; top_k outside 0 … 256; a seed not an int in 0 … 2^32 − 1.
 """
 
 import functools
@@ -68,8 +31,33 @@ LOGIT_BYTES = 256 * 4    # one position's logits: 256 float32
 
 def sample(run, prompt: str | bytes, *, length: int, temperature: float = 1.0, top_k: int = 0,
            seed: int = 0, num_samples: int = 1) -> list[bytes]:
-  """num_samples continuations of `prompt` (see the module docstring), each `length` bytes
-  (the prompt not included). InputError for what the module docstring refuses."""
+  """num_samples continuations of `prompt`, each `length` bytes (the prompt not included).
+
+  The prompt is read as the experiment reads a file of its corpus (research/experiments/
+  char_lm.py): its bytes (a str as UTF-8) after the byte FILE_START (0), from the model's zero
+  state or with nothing before; an empty prompt asks for the start of a file. Sampling is
+  language_model.sample, jit-compiled once per run, prompt length and setting: each byte drawn
+  from softmax(logits / temperature) over the top_k most likely bytes (top_k = 0: all 256;
+  temperature = 0: the most likely byte), from jax.random.key(seed). The blocks (kinds
+  transformer, lru, s5) read the last config.data.context bytes before each draw, as they were
+  trained, so of a longer prompt they are handed its last context bytes alone (the same
+  samples; one compiled function for every longer prompt). A recurrent model reads the whole
+  prompt in its first step.
+
+  What one call holds is bounded, and refused beyond its bound (the range in the message):
+  num_samples × length ≤ SAMPLED_BYTES = 2^24 drawn bytes (their ids, the random keys and the
+  blocks' buffer of prompt and drawn bytes grow with it), and the logits of a step,
+  num_samples × W × 256 float32 (W: the context for the blocks, the prompt's bytes + 1 for a
+  recurrent model's first step), within research.predict.runs.CALL_BYTES (256 MiB). Seeds are
+  0 … 2^32 − 1: jax.random.key keeps 32 bits of a seed (without x64), so 2^32 would draw what
+  0 draws.
+
+  Refused, before anything compiles (research.errors.InputError, one line naming the
+  argument): a prompt that is not a str or bytes, or a str that UTF-8 cannot encode (a lone
+  surrogate); a prompt too long for a recurrent model to read at once; num_samples or length
+  not an int within the bounds above (a bool is not an int); temperature < 0 or not finite;
+  top_k outside 0 … 256; a seed not an int in 0 … 2^32 − 1.
+  """
   check_experiment(run, "char_lm", "sample")
   tokens = _tokens(_bytes(prompt, "prompt"))
   context = run.config.data.context
@@ -114,8 +102,23 @@ def _sample_sizes(kind: str, prompt_tokens: int, context: int, num_samples, leng
 
 
 def byte_bits(run, text: str | bytes) -> np.ndarray:
-  """−log2 p of each byte of `text` [N] float64, read as the module docstring says.
-  InputError for what the module docstring refuses."""
+  """−log2 p of each byte of `text` [N] float64: the experiment's test/bits_per_byte on one
+  file, −Σ log2 p(byte | FILE_START and the bytes before it) / bytes, byte by byte.
+
+  The text is read as the experiment reads a file of its corpus: its bytes (a str as UTF-8)
+  after the byte FILE_START (0), from the model's zero state or with nothing before. A
+  recurrent model reads it in chunks of config.data.test_chunk bytes carrying its state; the
+  blocks read windows of config.data.context bytes advancing by config.data.test_stride (0:
+  half the context), each byte scored in the last window that holds it (the first window
+  scores all of its bytes), so every byte sees at least context − stride bytes before it, or
+  all of them near the start. The windows are cut from the text batch by batch (at most
+  config.train.batch_size a call, research/predict/runs.py), so a text of 10^7 bytes is scored
+  in memory that grows with the text alone.
+
+  Refused, before anything compiles (research.errors.InputError, one line naming the
+  argument): a text that is not a str or bytes, or a str that UTF-8 cannot encode (a lone
+  surrogate); an empty text.
+  """
   check_experiment(run, "char_lm", "byte_bits")
   data = _bytes(text, "text")
   if not data:
@@ -132,7 +135,7 @@ def byte_bits(run, text: str | bytes) -> np.ndarray:
 
 def bits_per_byte(run, text: str | bytes) -> float:
   """The mean of byte_bits(run, text): the experiment's test/bits_per_byte on `text` alone.
-  InputError for what the module docstring refuses."""
+  InputError for what byte_bits refuses."""
   check_experiment(run, "char_lm", "bits_per_byte")
   return float(byte_bits(run, text).mean())
 

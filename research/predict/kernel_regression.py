@@ -4,26 +4,6 @@ weights over its training points.
   run = training.restore("runs/kernel_regression")
   fits = predict.regress(run, np.linspace(0, 5, 200))
   fits["gaussian"].estimates           # [200]: f̂_h(x) = Σ_i α_h(x, x_i) y_i
-  fits["gaussian"].weights             # [200, num_train]: α_h(x, x_i), each row summing to 1
-
-For each kernel of config.model.kernels, the run's model (research/experiments/
-kernel_regression.py's Regressors) attends from the points x to its training points
-(run.extras x_train, y_train) with the kernel's learned bandwidth h = exp(log h), as its
-evaluation does; the weights are those it sows (intermediates/attention_weights of
-research/attention/nadaraya_watson.py's NadarayaWatson). A compact kernel (box, triangle)
-gives a point with no training point within h all-zero weights and the estimate 0.
-
-The points go through the model at most research.predict.runs.MAX_ROWS at a time (fewer
-where the weights they compute, rows × n float32 a kernel, would pass
-research.predict.runs.CALL_BYTES a call), the last batch padded with copies of its last
-point: one compiled function per batch size, memory on the device that does not grow with
-N, the answers gathered on the host. The weights returned, N × n float32 a kernel, are
-refused up front beyond research.predict.runs.RESULT_BYTES (2 GiB) in all, naming
-weights=True; weights=False gives the estimates alone, at any number of points.
-
-Refused before anything compiles (research.errors.InputError): points that are not a 1-D
-array of real numbers, none, or one that is not finite in float32 (named by its index);
-weights not a bool; weights beyond the bound above.
 """
 
 import functools
@@ -58,7 +38,8 @@ class Regression(NamedTuple):
 
 
 def check_points(x) -> np.ndarray:
-  """`x` as float32 [N]; InputError for what the module docstring refuses."""
+  """`x` as float32 [N]; InputError for points that are not a 1-D array of real numbers, for
+  none, and for one that is not finite in float32 (named by its index)."""
   takes = "the points are a 1-D array [N] of finite real numbers, N ≥ 1"
   x = as_array(x, "x", takes)
   if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
@@ -75,8 +56,26 @@ def check_points(x) -> np.ndarray:
 
 def regress(run, x, *, weights: bool = True) -> dict[str, Regression]:
   """{kernel: Regression} at the points x [N] for each kernel of config.model.kernels, in
-  its order (see the module docstring); with weights=False the estimates alone (each
-  Regression's weights None). InputError for what the module docstring refuses."""
+  its order; with weights=False the estimates alone (each Regression's weights None).
+
+  For each kernel the run's model (research/experiments/kernel_regression.py's Regressors)
+  attends from the points x to its training points (run.extras x_train, y_train) with the
+  kernel's learned bandwidth h = exp(log h), as its evaluation does; the weights are those it
+  sows (intermediates/attention_weights of research/attention/nadaraya_watson.py's
+  NadarayaWatson). A compact kernel (box, triangle) gives a point with no training point
+  within h all-zero weights and the estimate 0.
+
+  The points go through the model at most research.predict.runs.MAX_ROWS at a time (fewer
+  where the weights they compute, rows × n float32 a kernel, would pass
+  research.predict.runs.CALL_BYTES a call), the last batch padded with copies of its last
+  point: one compiled function per batch size, memory on the device that does not grow with
+  N, the answers gathered on the host. The weights returned, N × n float32 a kernel, are
+  refused up front beyond research.predict.runs.RESULT_BYTES (2 GiB) in all, naming
+  weights=True; weights=False gives the estimates alone, at any number of points.
+
+  Refused before anything compiles (research.errors.InputError): what `check_points`
+  refuses; weights not a bool; weights beyond the bound above.
+  """
   check_experiment(run, "kernel_regression", "regress")
   weights = check_bool(weights, "weights")
   x = check_points(x)

@@ -4,28 +4,6 @@
   result = predict.classify(run, ["( ( ( [MAX 2 ) 9 ) ] )", "[SM 4 [MIN 7 3 ] 8 ]"])
   result.labels                # [2]: each expression's predicted value, 0–9
   result.attention[0][1]       # layer 0, the second expression: [heads, P, P]
-
-An expression is read as the run's data pipeline reads a TSV source
-(research/experiments/listops.py: `listops.tokenize` with config.data.brackets, the ids of
-`token_ids`): LRA's text with its parentheses ("( ( ( [MAX 2 ) 9 ) ] )") or the bracketed
-tree alone ("[MAX 2 9 ]"); LRA's tokens (brackets=False) also read "MAX 2 9". The
-expressions are padded to the longest of them rounded up to a multiple of 64 (at most
-config.data.max_length), as the experiment's length buckets are, and go through the model
-at most config.train.batch_size at a time (fewer where their outputs would pass
-research.predict.runs.CALL_BYTES a call), the last batch padded with copies of its last
-expression: one compiled function per padded length P and batch size, memory on the device
-that does not grow with their number, the answers gathered on the host.
-
-The attention weights (attention=True, the default) grow with B · H · S² a layer: beyond
-research.predict.runs.RESULT_BYTES (2 GiB) in all they are refused up front, naming
-attention=True; attention=False classifies any number of expressions.
-
-Refused, before anything compiles (research.errors.InputError, one line naming the
-expression by its index): no expressions, a string given instead of a list of them, or
-what is not iterable (any iterable is read once, into a list); attention not a bool; an
-expression without a token; a character outside ListOps' text (letters, digits, spaces,
-"(", ")", "[", "]": LRA's tokenizer would drop it unread); a token outside the run's
-vocabulary (named, with its position); more tokens than config.data.max_length.
 """
 
 import functools
@@ -79,8 +57,22 @@ class Classifications(NamedTuple):
 
 
 def encode_expressions(run, expressions: Sequence[str]) -> Encoded:
-  """The token ids of `expressions` (see the module docstring), padded to P, for the run's
-  model; InputError for what the module docstring refuses."""
+  """The token ids of `expressions`, padded to P, for the run's model.
+
+  An expression is read as the run's data pipeline reads a TSV source
+  (research/experiments/listops.py: `listops.tokenize` with config.data.brackets, the ids of
+  `token_ids`): LRA's text with its parentheses ("( ( ( [MAX 2 ) 9 ) ] )") or the bracketed
+  tree alone ("[MAX 2 9 ]"); LRA's tokens (brackets=False) also read "MAX 2 9". The
+  expressions are padded to the longest of them rounded up to a multiple of 64 (at most
+  config.data.max_length), as the experiment's length buckets are.
+
+  Refused, before anything compiles (research.errors.InputError, one line naming the
+  expression by its index): no expressions, a string given instead of a list of them, or
+  what is not iterable (any iterable is read once, into a list); an expression without a
+  token; a character outside ListOps' text (letters, digits, spaces, "(", ")", "[", "]":
+  LRA's tokenizer would drop it unread); a token outside the run's vocabulary (named, with
+  its position); more tokens than config.data.max_length.
+  """
   check_experiment(run, "listops", "encode_expressions")
   expressions = listed(expressions, "expressions", "ListOps expressions", "expression")
   if not expressions:
@@ -116,11 +108,20 @@ def encode_expressions(run, expressions: Sequence[str]) -> Encoded:
 
 
 def classify(run, expressions: Sequence[str], *, attention: bool = True) -> Classifications:
-  """The run's model on `expressions` (ListOps text, see the module docstring): the
-  predicted values, their probabilities and, with `attention`, each layer's attention
+  """The run's model on `expressions` (ListOps text, read as `encode_expressions` reads it):
+  the predicted values, their probabilities and, with `attention`, each layer's attention
   weights (a second pass with implementation "dense" where the model's own implementation
-  does not compute them; memory B · H · S² per layer, refused beyond
-  research.predict.runs.RESULT_BYTES). InputError for what the module docstring refuses."""
+  does not compute them).
+
+  The expressions go through the model at most config.train.batch_size at a time (fewer
+  where their outputs would pass research.predict.runs.CALL_BYTES a call), the last batch
+  padded with copies of its last expression: one compiled function per padded length P and
+  batch size, memory on the device that does not grow with their number, the answers
+  gathered on the host. The attention weights (attention=True, the default) grow with
+  B · H · S² a layer: beyond research.predict.runs.RESULT_BYTES (2 GiB) in all they are
+  refused up front, naming attention=True; attention=False classifies any number of
+  expressions. InputError for what `encode_expressions` refuses, and for attention not a bool.
+  """
   check_experiment(run, "listops", "classify")
   attention = check_bool(attention, "attention")
   encoded = encode_expressions(run, expressions)

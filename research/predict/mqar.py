@@ -1,27 +1,6 @@
-"""mqar: a restored run answers associative-recall queries, with each layer's attention.
-
-  run = training.restore("runs/mqar_cpu/<point>")
-  batch = research.data.mqar.multi_query_recall(np.random.default_rng(1), 8, length=64,
-                                                num_pairs=8, vocab_size=512)
-  answers = predict.recall(run, batch["inputs"], batch["positions"])
-  answers.tokens              # [8, 8]: the token predicted after each queried key
-  answers.attention[1][0]     # layer 1, the first sequence: [heads, 64, 64], causal
-
-Inputs: tokens, ints [B, L] in 0 … V − 1 with L = config.data.length and V =
-config.data.vocab_size (research/data/mqar.py lays them out: keys 1 … V/2 − 1, values
-V/2 … V − 1), and positions, ints [B, K] in 0 … L − 1: where to read the next token (K ≥ 1,
-the queries' positions for the task's answers). Refused before anything compiles
-(research.errors.InputError, one line naming what was given and what the run takes):
-another rank or length, an empty batch, a float, a token or a position out of range (its
-place named), more positions a sequence than it has (K > L), attention not a bool.
-
-The sequences go through the model at most config.train.batch_size at a time (fewer where
-their outputs would pass research.predict.runs.CALL_BYTES a call), the last batch padded
-with copies of its last sequence: one compiled function per (rows, K), memory on the device
-that does not grow with B, the answers gathered on the host. The attention weights
-(attention=True, the default), B · H · L² floats a layer, are refused up front beyond
-research.predict.runs.RESULT_BYTES (2 GiB) in all, naming attention=True; attention=False
-answers any number of sequences.
+"""mqar: a restored run answers associative-recall queries, with each layer's attention:
+`recall` gives the token the run predicts after each queried position of sequences laid out
+as research/data/mqar.py lays them out.
 """
 
 import functools
@@ -58,9 +37,33 @@ class Recalls(NamedTuple):
 
 
 def recall(run, inputs, positions, *, attention: bool = True) -> Recalls:
-  """The run's answers after `positions` of `inputs` (see the module docstring) and, with
-  `attention`, each layer's attention weights (a second pass with implementation "dense"
-  where the model's own does not give them)."""
+  """The run's answers after `positions` of `inputs` and, with `attention`, each layer's
+  attention weights (a second pass with implementation "dense" where the model's own does
+  not give them).
+
+    run = training.restore("runs/mqar_cpu/<point>")
+    batch = research.data.mqar.multi_query_recall(np.random.default_rng(1), 8, length=64,
+                                                  num_pairs=8, vocab_size=512)
+    answers = predict.recall(run, batch["inputs"], batch["positions"])
+    answers.tokens              # [8, 8]: the token predicted after each queried key
+    answers.attention[1][0]     # layer 1, the first sequence: [heads, 64, 64], causal
+
+  Inputs: tokens, ints [B, L] in 0 … V − 1 with L = config.data.length and V =
+  config.data.vocab_size (research/data/mqar.py lays them out: keys 1 … V/2 − 1, values
+  V/2 … V − 1), and positions, ints [B, K] in 0 … L − 1: where to read the next token (K ≥ 1,
+  the queries' positions for the task's answers). Refused before anything compiles
+  (research.errors.InputError, one line naming what was given and what the run takes):
+  another rank or length, an empty batch, a float, a token or a position out of range (its
+  place named), more positions a sequence than it has (K > L), attention not a bool.
+
+  The sequences go through the model at most config.train.batch_size at a time (fewer where
+  their outputs would pass research.predict.runs.CALL_BYTES a call), the last batch padded
+  with copies of its last sequence: one compiled function per (rows, K), memory on the device
+  that does not grow with B, the answers gathered on the host. The attention weights
+  (attention=True, the default), B · H · L² floats a layer, are refused up front beyond
+  research.predict.runs.RESULT_BYTES (2 GiB) in all, naming attention=True; attention=False
+  answers any number of sequences.
+  """
   check_experiment(run, "mqar", "recall")
   attention = check_bool(attention, "attention")
   d = run.config.data

@@ -4,35 +4,6 @@
   result = predict.translate(run, ["14 janvier 2024", "2024年1月14日"], beam_size=5)
   result.outputs               # ["2024-01-14", "2024-01-14"]
   result.attention[0]          # [len(output_tokens[0]), len(source_tokens[0])]
-
-A text is read as the run's data pipeline reads a source (research/experiments/nmt_dates.py):
-`tokenize(text, level)` (characters, or a corpus's words with config.data.level="word"),
-the ids of the run's source vocabulary, padded with 0 to the longest source of the run's
-data S = extras["max_source_length"], as its evaluation batches are. The texts are
-decoded (research/models/decoding.py) greedily or by beam search with GNMT's length
-penalty, for T + 1 steps, T = extras["max_target_length"] (the longest target and its EOS),
-at most config.train.batch_size at a time (fewer where a batch's beams and outputs would
-pass research.predict.runs.CALL_BYTES), the last batch padded with copies of its last text:
-one compiled function per batch size and beam size, memory on the device that does not
-grow with the number of texts, the answers gathered on the host. Any iterable of texts (a
-generator too) is read once, into the list Translations.texts.
-
-Greedy decoding returns its own attention weights. Beam search returns none: the weights
-of the hypothesis it chose are those of the model's teacher-forced pass (its __call__) over
-BOS + the hypothesis' tokens, the pass training takes; for the greedy hypothesis this pass
-gives greedy decoding's weights (tests/predict/test_nmt_dates.py).
-
-The attention weights (attention=True, the default), [T + 1, S] float32 a text, are refused
-up front beyond research.predict.runs.RESULT_BYTES (2 GiB) in all, naming attention=True;
-attention=False translates any number of texts.
-
-Refused, before anything compiles (research.errors.InputError, one line naming the text by
-its index): no texts, one string given instead of a list of them, or what is not iterable;
-a text that is not a str or has no token; characters (words) outside the run's source
-vocabulary, named; a text of more than S tokens; beam_size not an int in 1 … the target
-vocabulary's size (max_beam_size: a beam that wide keeps every continuation of the first
-step); length_penalty outside [0, 10]; attention not a bool; attention weights beyond the
-bound above.
 """
 
 import functools
@@ -80,7 +51,17 @@ class Translations(NamedTuple):
 
 def encode_texts(run, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
   """The source ids [N, S] int32 (0 pads), lengths [N] int32 and tokens of `texts` for the
-  run's model; InputError for what the module docstring refuses."""
+  run's model.
+
+  A text is read as the run's data pipeline reads a source (research/experiments/
+  nmt_dates.py): `tokenize(text, level)` (characters, or a corpus's words with
+  config.data.level="word"), the ids of the run's source vocabulary, padded with 0 to the
+  longest source of the run's data S = extras["max_source_length"], as its evaluation
+  batches are. Refused (research.errors.InputError, one line naming the text by its index):
+  no texts, one string given instead of a list of them, or what is not iterable; a text that
+  is not a str or has no token; characters (words) outside the run's source vocabulary,
+  named; a text of more than S tokens.
+  """
   check_experiment(run, "nmt_dates", "encode_texts")
   texts = listed(texts, "texts", "texts", "text")
   if not texts:
@@ -115,13 +96,36 @@ def encode_texts(run, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, lis
 
 def translate(run, texts: Sequence[str], *, beam_size: int = 1, length_penalty: float = 0.6,
               attention: bool = True) -> Translations:
-  """The run's translations of `texts` (see the module docstring), with their attention.
+  """The run's translations of `texts` (read as `encode_texts` reads them), with their
+  attention.
 
   beam_size: 1 decodes greedily (the most likely token at each step), K > 1 keeps K
   hypotheses per text ranked by log P(Y | X) / lp(Y), lp(Y) = ((5 + |Y|) / 6)^α with
   α = length_penalty (0: by log P alone; it plays no part in greedy decoding); K is at most
   the target vocabulary's size (max_beam_size). attention=False leaves the weights out
-  (Translations.attention None). InputError for what the module docstring refuses.
+  (Translations.attention None).
+
+  The texts are decoded (research/models/decoding.py) for T + 1 steps, T =
+  extras["max_target_length"] (the longest target and its EOS), at most
+  config.train.batch_size at a time (fewer where a batch's beams and outputs would pass
+  research.predict.runs.CALL_BYTES), the last batch padded with copies of its last text: one
+  compiled function per batch size and beam size, memory on the device that does not grow
+  with the number of texts, the answers gathered on the host. Any iterable of texts (a
+  generator too) is read once, into the list Translations.texts.
+
+  Greedy decoding returns its own attention weights. Beam search returns none: the weights
+  of the hypothesis it chose are those of the model's teacher-forced pass (its __call__) over
+  BOS + the hypothesis' tokens, the pass training takes; for the greedy hypothesis this pass
+  gives greedy decoding's weights (tests/predict/test_nmt_dates.py). The attention weights
+  (attention=True, the default), [T + 1, S] float32 a text, are refused up front beyond
+  research.predict.runs.RESULT_BYTES (2 GiB) in all, naming attention=True; attention=False
+  translates any number of texts.
+
+  Refused, before anything compiles (research.errors.InputError, one line): what
+  `encode_texts` refuses; beam_size not an int in 1 … the target vocabulary's size
+  (max_beam_size: a beam that wide keeps every continuation of the first step);
+  length_penalty outside [0, 10]; attention not a bool; attention weights beyond the bound
+  above.
   """
   check_experiment(run, "nmt_dates", "translate")
   beam_size = check_int(beam_size, "beam_size", 1, max_beam_size(run),

@@ -1,21 +1,8 @@
 """What every predictor checks of the run and the settings it is handed, and how it bounds
-what it holds at once: the rules research/predict/__init__.py states for the user.
-
-  inputs    a list, tuple, generator or numpy array of inputs is read once, into a list, so
-            an answer and the inputs it names agree (`listed`); one str or bytes given
-            instead of a list of them, or a value that is not iterable, is refused. Arrays
-            (points, sequences) are read with `as_array`: a generator once, into a list.
-  settings  a size or seed is an int (a bool is not) in a stated range (`check_int`), the
-            range in the refusal: nothing reaches jax that overflows or cannot be held.
-  batches   rows (texts, expressions, sequences, points) go through a predictor's compiled
-            function `rows_per_call` at a time, the last batch padded with copies of its
-            last row so that every call has one shape; their answers are written on the host
-            into arrays of all N rows (`in_batches`). Memory on the device does not grow
-            with N.
-  results   per-input outputs that grow with the square of an input's length (attention
-            weights [N, H, S, S]) or with the run's training set (kernel weights [N, n]) are
-            refused up front beyond RESULT_BYTES in all (`check_result`), naming the
-            argument that turns them off.
+what it holds at once: inputs read once into a list (`listed`, `as_array`), sizes and seeds
+ints in a stated range (`check_int`), rows through a compiled function in batches of one shape
+(`in_batches`), and the outputs that grow with an input's square or the training set bounded
+in all (`check_result`). No OverflowError or MemoryError reaches the user.
 """
 
 import numbers
@@ -51,7 +38,8 @@ def is_int(value) -> bool:
 
 def check_int(value, name: str, low: int, high: int, note: str = "") -> int:
   """`value` as an int; InputError naming `name` and the range low … high (and `note`, why)
-  unless it is an int (a bool is not) within it."""
+  unless it is an int (a bool is not) within it: nothing reaches jax that overflows or cannot
+  be held (char_lm's length × num_samples and seed, nmt_dates' beam_size, say)."""
   if not is_int(value) or not low <= value <= high:
     raise InputError(f"{name}={value!r} must be an int in {low} … {high}"
                      + (f" ({note})" if note else ""))
@@ -66,9 +54,10 @@ def check_bool(value, name: str) -> bool:
 
 
 def listed(values, name: str, noun: str, item: str) -> list:
-  """`values` (any iterable: list, tuple, generator, numpy array) read once into a list.
-  InputError naming `name` for one str or bytes (`noun`: what the list holds; `item`: what
-  one is called) and for a value that is not iterable (a number, a 0-d array)."""
+  """`values` (any iterable: list, tuple, generator, numpy array) read once into a list, so an
+  answer and the inputs it names agree. InputError naming `name` for one str or bytes given
+  instead of a list of them (`noun`: what the list holds; `item`: what one is called) and for
+  a value that is not iterable (a number, a 0-d array)."""
   if isinstance(values, str | bytes):
     one = f"string {excerpt(values)}" if isinstance(values, str) else f"bytes {values[:60]!r}"
     raise InputError(f"{name} must be a list of {noun}, got one {one}: give [{item}]")
@@ -112,7 +101,9 @@ def rows_per_call(bytes_per_row: int, most: int) -> int:
 def check_result(count: int, bytes_per_input: int, argument: str, what: str, remedy: str
                  ) -> None:
   """InputError naming `argument` when `count` inputs of `bytes_per_input` bytes of `what`
-  each exceed RESULT_BYTES; `remedy` says what to ask instead."""
+  each exceed RESULT_BYTES; `remedy` says what to ask instead. For the per-input outputs that
+  grow with the square of an input's length (attention weights [N, H, S, S]) or with the run's
+  training set (kernel weights [N, n]), checked up front, before anything is computed."""
   total = count * bytes_per_input
   if total > RESULT_BYTES:
     raise InputError(f"{argument}: {what} of {count} inputs take {total:,} bytes, more than a "
@@ -125,7 +116,8 @@ def in_batches(call: Callable, arrays: tuple[np.ndarray, ...], rows: int, *,
   """call(*batch) over consecutive batches of `rows` rows of `arrays` (each [N, …]), their
   outputs (a pytree of arrays [rows, …], None allowed) written into host arrays [N, …].
   Every call has min(rows, N) rows (`whole`: rows, also for fewer): the last batch is
-  padded with copies of its last row."""
+  padded with copies of its last row, so that every call has one shape. Memory on the device
+  does not grow with N."""
   count = len(arrays[0])
   size = rows if whole else min(rows, count)
   results = None

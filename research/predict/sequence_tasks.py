@@ -1,27 +1,6 @@
-"""sequence_tasks: a restored run's answers for input arrays of its task.
-
-  run = training.restore("runs/copy_gru")
-  batch = research.data.sequence_tasks.copy_memory(np.random.default_rng(1), 4, length=10,
-                                                   num_symbols=8, num_items=8)
-  answers = predict.predict_sequences(run, batch["inputs"])
-  answers.predictions[:, -8:]          # the 8 symbols' classes due at the last positions
-
-The inputs are those of the run's task (config.data.task, research/data/sequence_tasks.py),
-of L = sequence_length(config) steps (research/experiments/sequence_tasks.py: K + T + 1 + K
-for copy and reverse, 2K + T + 1 for recall, T for adding); the recurrent kinds (rnn, lstm,
-gru) take any L ≥ 1, the blocks the length they were trained with:
-
-  copy, reverse  ints [B, L], tokens 0 … n + 1 (0 blank, s + 1 symbol s, n + 1 delimiter)
-  recall         ints [B, L], tokens 0 … 2n (s + 1 key s, n + 1 + v value v)
-  adding         floats [B, L, 2] (value, marker), finite
-
-with n = config.data.num_symbols. Refused before anything compiles (research.errors.
-InputError naming what was given and what the run takes): another dtype, rank, L or
-channel count, an empty batch, a token out of range (its position named), a non-finite
-value. The inputs go through the model at most config.train.batch_size at a time (fewer
-where their outputs would pass research.predict.runs.CALL_BYTES a call), the last batch
-padded with copies of its last input: one compiled function per batch shape, memory on the
-device that does not grow with B, the answers gathered on the host.
+"""sequence_tasks: a restored run's answers for input arrays of its task (copy, reverse,
+recall or the adding problem, as research/data/sequence_tasks.py makes them):
+`predict_sequences` gives the classes and their probabilities, or the adding problem's sums.
 """
 
 import functools
@@ -74,8 +53,22 @@ def top_token(config) -> int:
 
 
 def check_inputs(config, inputs) -> np.ndarray:
-  """`inputs` as the model takes them (int32 tokens or float32 features); InputError for what
-  the module docstring refuses."""
+  """`inputs` as the model takes them (int32 tokens or float32 features).
+
+  The inputs are those of the run's task (config.data.task, research/data/sequence_tasks.py),
+  of L = sequence_length(config) steps (research/experiments/sequence_tasks.py: K + T + 1 + K
+  for copy and reverse, 2K + T + 1 for recall, T for adding); the recurrent kinds (rnn, lstm,
+  gru) take any L ≥ 1, the blocks the length they were trained with:
+
+    copy, reverse  ints [B, L], tokens 0 … n + 1 (0 blank, s + 1 symbol s, n + 1 delimiter)
+    recall         ints [B, L], tokens 0 … 2n (s + 1 key s, n + 1 + v value v)
+    adding         floats [B, L, 2] (value, marker), finite
+
+  with n = config.data.num_symbols. Refused before anything compiles (research.errors.
+  InputError naming what was given and what the run takes): another dtype, rank, L or
+  channel count, an empty batch, a token out of range (its position named), a non-finite
+  value.
+  """
   takes = expected_inputs(config)
   inputs = as_array(inputs, "inputs", takes)
   adding = config.data.task == "adding"
@@ -97,8 +90,20 @@ def check_inputs(config, inputs) -> np.ndarray:
 
 
 def predict_sequences(run, inputs) -> SequencePredictions:
-  """The run's model on `inputs` (an array of its task's form, see the module docstring):
-  the classes and their probabilities, or the adding problem's sums."""
+  """The run's model on `inputs` (an array of its task's form, `check_inputs`): the classes
+  and their probabilities, or the adding problem's sums.
+
+    run = training.restore("runs/copy_gru")
+    batch = research.data.sequence_tasks.copy_memory(np.random.default_rng(1), 4, length=10,
+                                                     num_symbols=8, num_items=8)
+    answers = predict.predict_sequences(run, batch["inputs"])
+    answers.predictions[:, -8:]          # the 8 symbols' classes due at the last positions
+
+  The inputs go through the model at most config.train.batch_size at a time (fewer where
+  their outputs would pass research.predict.runs.CALL_BYTES a call), the last batch padded
+  with copies of its last input: one compiled function per batch shape, memory on the device
+  that does not grow with B, the answers gathered on the host.
+  """
   check_experiment(run, "sequence_tasks", "predict_sequences")
   inputs = check_inputs(run.config, inputs)
   model, adding = ByIdentity(run.model), run.config.data.task == "adding"

@@ -1,19 +1,9 @@
 """Recurrent networks with PyTorch's equations, fused and fast in JAX, and linear recurrences.
 
-Cells (one step, `flax.linen.RNNCellBase`): `SimpleRNNCell`, `LSTMCell`, `GRUCell`.
-Layers (whole sequences, multi-layer, bidirectional, packed lengths): `RNN`, `LSTM`, `GRU`.
-`from_torch(module)` imports a torch.nn.RNN / LSTM / GRU with its weights.
-
-Linear recurrences, parallel over time (`jax.lax.associative_scan`) or stepwise with a
-carried state: `LRU` (Orvieto et al. 2023), `S5` (Smith et al. 2023), and causal linear
-attention as a recurrent cell, `LinearAttentionCell` (optional per-head decay, RetNet's
-being `retnet_decay`), and over whole sequences as a layer, `LinearAttention`;
-`linear_scan` is the recurrence h_t = a_t ⊙ h_{t−1} + b_t they share.
-
-Selective recurrences, whose transition depends on the input, in the same two forms
-(`selective.py`'s frame): `Mamba` (Gu & Dao 2023, S6), `Mamba2` (Dao & Gu 2024, SSD),
-`GLA` (Yang et al. 2024, gated linear attention) and `DeltaNet` (Schlag et al. 2021, the
-delta rule; chunkwise as Yang et al. 2024).
+Cells and multi-layer layers (RNN, LSTM, GRU) with PyTorch's interface and `from_torch`;
+the linear recurrences (`LRU`, `S5`, causal linear attention as a cell and a layer, all on
+`linear_scan`) and the selective ones (`Mamba`, `Mamba2`, `GLA`, `DeltaNet`), each parallel
+over time or stepwise with a carried state. docs/recurrent.md says what each part does.
 """
 
 from research.recurrent.cells import GRUCell, LSTMCell, RecurrentCell, SimpleRNNCell

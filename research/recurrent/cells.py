@@ -1,19 +1,9 @@
 """Recurrent cells with PyTorch's equations and parameter layout, for `flax.linen.RNN`.
 
-Parameters of a cell with input size D, hidden size H, G gates (RNN 1; LSTM 4 in
-PyTorch's order i, f, g, o; GRU 3 in order r, z, n) and output size P (H, or LSTM's
-`proj_size`):
-
-  kernel_ih [D, G·H]   = PyTorch's weight_ih_lk transposed
-  kernel_hh [P, G·H]   = weight_hh_lk transposed
-  bias_ih   [G·H]      = bias_ih_lk
-  bias_hh   [G·H]      = bias_hh_lk
-  kernel_hr [H, P]     = weight_hr_lk transposed (LSTM with proj_size only)
-
-and all are initialised like PyTorch's, U(−1/√H, 1/√H). The equations are those of
-`equations.py`. `__call__` is one time step (the `flax.linen.RNNCellBase` contract, so
-the cells plug into `nn.RNN`); `sequence` runs a whole sequence with the fused loop of
-`recurrence.py` and is what the multi-layer `RNN` / `LSTM` / `GRU` layers use.
+`SimpleRNNCell`, `LSTMCell` and `GRUCell` compute the equations of `equations.py` with
+PyTorch's parameters and initialisation: `__call__` is one time step (the
+`flax.linen.RNNCellBase` contract, so the cells plug into `nn.RNN`), and `sequence` runs a
+whole sequence with the fused loop of `recurrence.py`, as the multi-layer layers do.
 """
 
 import math
@@ -51,7 +41,17 @@ class Weights(NamedTuple):
 class RecurrentCell(nn.RNNCellBase):
   """Base of the three cells: parameters, one step, a whole sequence.
 
-  The carry is h [..., P] for RNN and GRU, and (c, h) for LSTM (flax's order).
+  The carry is h [..., P] for RNN and GRU, and (c, h) for LSTM (flax's order). Parameters
+  of a cell with input size D, hidden size H, G gates (RNN 1; LSTM 4 in PyTorch's order
+  i, f, g, o; GRU 3 in order r, z, n) and output size P (H, or LSTM's `proj_size`):
+
+    kernel_ih [D, G·H]   = PyTorch's weight_ih_lk transposed
+    kernel_hh [P, G·H]   = weight_hh_lk transposed
+    bias_ih   [G·H]      = bias_ih_lk
+    bias_hh   [G·H]      = bias_hh_lk
+    kernel_hr [H, P]     = weight_hr_lk transposed (LSTM with proj_size only)
+
+  and all are initialised like PyTorch's, U(−1/√H, 1/√H).
   """
   features: int                    # hidden size H
   dtype: Any = None                # computation dtype of the matrix products (None: float32)

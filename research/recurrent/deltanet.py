@@ -3,54 +3,7 @@ Programmers"), parallel over the sequence as Yang, Wang, Zhang, Shen & Kim 2024
 ("Parallelizing Linear Transformers with the Delta Rule over Sequence Length") do, with the
 layer around the recurrence as flash-linear-attention's `fla/layers/delta_net.py` builds it.
 
-Width F, M = F / d heads of key and value size d = `state_size`. For x_t [B, F]:
-
-  q̃_t, k̃_t, ṽ_t = x_t W_q, x_t W_k, x_t W_v                          [B, F] each
-  q_t, k_t, v_t = SiLU(short causal depthwise conv of q̃, k̃, ṽ)        (kernel `conv_size`
-                  K: c_t = Σ_{i<K} w_i ⊙ ũ_{t−K+1+i}; conv_size 0: SiLU(ũ_t), no conv)
-  q_t, k_t ← q_t / √(|q_t|² + 10⁻⁶), k_t / √(|k_t|² + 10⁻⁶)          per head [B, M, d]
-  β_t = σ(x_t W_β)                                                      [B, M] (2σ(·) with
-                  `allow_neg_eigval`, Grazzi et al. 2024: eigenvalues of I − β k kᵀ in [−1, 1])
-  S_t = S_{t−1} (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ                      per head [d_v, d_k]
-  o_t = S_t q_t / √d                                                    [B, M, d]
-  y_t = (RMSNorm(o_t) ⊙ γ [⊙ SiLU(x_t W_g) with `use_gate`]) W_o      per head; [B, F]
-
-RMSNorm(o) = o / √(mean(o²) + ε), ε = `norm_eps`, γ [d] shared by the heads. The 1/√d is
-the scale fla's layer leaves at chunk_delta_rule's default, d_k^{−1/2}, which its reference
-`delta_rule_recurrence` applies as well; the L2 norm is its use_qk_l2norm_in_kernel (ε
-10⁻⁶). fla's layer defaults: conv_size 4 without bias, no gate, SiLU on q, k and v, L2 norm,
-norm_eps 10⁻⁵. Its own initialisation (the layer's, before any model's `_init_weights`), as
-here: PyTorch's defaults, every W ~ U(±1/√fan_in) (W_o: fan_in F), each conv kernel
-w ~ U(±1/√K) (depthwise: fan_in K), γ = 1.
-
-The carry holds Ŝ = Sᵀ [B, M, d_k, d_v] (fla's layout, so Ŝ_t = Ŝ_{t−1} + k_t β_t
-(v_t − Ŝ_{t−1}ᵀ k_t)ᵀ and o_t = Ŝ_tᵀ q_t / √d), and the last K − 1 conv inputs
-[B, K − 1, 3F] (q̃, k̃, ṽ side by side): the carry is the pair (conv, Ŝ), float32.
-
-Parallel form (Yang et al. 2024 §3.2–3.3): chunks of C = `chunk_size` steps. Within a
-chunk, with K, Q [C, d_k], V [C, d_v], β [C] of one head (q already scaled by 1/√d), the
-product of its C transitions is I − Wᵀ K and its C additions Uᵀ K (WY representation), where
-the UT transform gives
-
-  T = (I + StrictTril(diag(β) K Kᵀ))⁻¹ diag(β)                          [C, C]
-  W = T K  [C, d_k],   U = T V  [C, d_v]
-
-(the inverse by blocks, `ut_inverse`: XLA's `triangular_solve` took 0.1 s forward and 2 s
-backward for a 4096-step sequence's 32-step chunks on the CPU). Chunk to chunk, from the
-state S_[c] entering chunk c (`jax.lax.scan`, sequential over the T / C chunks):
-
-  S_[c+1] = S_[c] + (U − W S_[c]ᵀ)ᵀ K
-  O_[c] = Q S_[c]ᵀ + (Q Kᵀ ⊙ M)(U − W S_[c]ᵀ)                          M: causal (t ≥ s)
-
-(with Ŝ = Sᵀ: Ŝ_[c+1] = Ŝ_[c] + Kᵀ (U − W Ŝ_[c]), O = Q Ŝ_[c] + (Q Kᵀ ⊙ M)(U − W Ŝ_[c])).
-Its memory per head is O(T (C + d + d² / C)): no [T, T] matrices. Stepwise: the delta rule one step at a
-time (`advance` in `jax.lax.scan`). A padded step has β = 0 (S unchanged: T's row for it
-is zero) and leaves the conv inputs as they were; the final carry is each sequence's own.
-The transitions are contractions (|k| ≤ 1, β ≤ 1; reflections at most with
-allow_neg_eigval), so no state grows over long sequences.
-
-Projections run in `dtype` (None: float32) with float32 accumulation; the conv, norms, the
-recurrence and the carry run in float32.
+`DeltaNet` is the layer; `delta_rule_chunked` the delta rule chunkwise (WY / UT form).
 """
 
 from typing import NamedTuple
@@ -127,9 +80,28 @@ def ut_inverse(kb: Array, k: Array) -> Array:
 
 def delta_rule_chunked(q: Array, k: Array, v: Array, beta: Array, state: Array,
                        chunk: int) -> tuple[Array, Array]:
-  """The delta rule over a sequence, chunkwise (module docstring): q, k [B, T, M, d_k],
-  v [B, T, M, d_v], β [B, T, M], state Ŝ [B, M, d_k, d_v] before the first step ->
-  (o [B, T, M, d_v], Ŝ after the last step)."""
+  """The delta rule over a sequence, chunkwise: q, k [B, T, M, d_k], v [B, T, M, d_v],
+  β [B, T, M], state Ŝ [B, M, d_k, d_v] before the first step -> (o [B, T, M, d_v], Ŝ after
+  the last step).
+
+  Yang et al. 2024 §3.2–3.3: chunks of C = `chunk` steps. Within a chunk, with K, Q [C, d_k],
+  V [C, d_v], β [C] of one head (q already scaled by 1/√d), the product of its C
+  transitions is I − Wᵀ K and its C additions Uᵀ K (WY representation), where the UT
+  transform gives
+
+    T = (I + StrictTril(diag(β) K Kᵀ))⁻¹ diag(β)                          [C, C]
+    W = T K  [C, d_k],   U = T V  [C, d_v]
+
+  (the inverse by blocks, `ut_inverse`: XLA's `triangular_solve` took 0.1 s forward and 2 s
+  backward for a 4096-step sequence's 32-step chunks on the CPU). Chunk to chunk, from the
+  state S_[c] entering chunk c (`jax.lax.scan`, sequential over the T / C chunks):
+
+    S_[c+1] = S_[c] + (U − W S_[c]ᵀ)ᵀ K
+    O_[c] = Q S_[c]ᵀ + (Q Kᵀ ⊙ M)(U − W S_[c]ᵀ)                          M: causal (t ≥ s)
+
+  (with Ŝ = Sᵀ: Ŝ_[c+1] = Ŝ_[c] + Kᵀ (U − W Ŝ_[c]), O = Q Ŝ_[c] + (Q Kᵀ ⊙ M)(U − W Ŝ_[c])).
+  Its memory per head is O(T (C + d + d² / C)): no [T, T] matrices.
+  """
   steps, d_k = q.shape[1], q.shape[-1]
   size = min(chunk, steps)
   q, k, v, beta = (_chunks(x, size) for x in (q * d_k**-0.5, k, v, beta))   # [B, M, n, C, ·]
@@ -161,8 +133,42 @@ def _keep(valid: Array, new: Array, old: Array) -> Array:
 
 
 class DeltaNet(SelectiveLayer):
-  """DeltaNet layer: x [B, T, F] -> y [B, T, F] (see the module docstring); the carry is
-  (the last conv inputs [B, max(conv_size − 1, 0), 3F], Ŝ [B, F / d, d, d]), float32."""
+  """DeltaNet layer: x [B, T, F] -> y [B, T, F]; the carry is (the last conv inputs
+  [B, max(conv_size − 1, 0), 3F], Ŝ [B, F / d, d, d]), float32.
+
+  Width F, M = F / d heads of key and value size d = `state_size`. For x_t [B, F]:
+
+    q̃_t, k̃_t, ṽ_t = x_t W_q, x_t W_k, x_t W_v                          [B, F] each
+    q_t, k_t, v_t = SiLU(short causal depthwise conv of q̃, k̃, ṽ)        (kernel `conv_size`
+                    K: c_t = Σ_{i<K} w_i ⊙ ũ_{t−K+1+i}; conv_size 0: SiLU(ũ_t), no conv)
+    q_t, k_t ← q_t / √(|q_t|² + 10⁻⁶), k_t / √(|k_t|² + 10⁻⁶)          per head [B, M, d]
+    β_t = σ(x_t W_β)                                                      [B, M] (2σ(·) with
+                    `allow_neg_eigval`, Grazzi et al. 2024: eigenvalues of I − β k kᵀ in
+                    [−1, 1])
+    S_t = S_{t−1} (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ                      per head [d_v, d_k]
+    o_t = S_t q_t / √d                                                    [B, M, d]
+    y_t = (RMSNorm(o_t) ⊙ γ [⊙ SiLU(x_t W_g) with `use_gate`]) W_o      per head; [B, F]
+
+  RMSNorm(o) = o / √(mean(o²) + ε), ε = `norm_eps`, γ [d] shared by the heads. The 1/√d is
+  the scale fla's layer leaves at chunk_delta_rule's default, d_k^{−1/2}, which its
+  reference `delta_rule_recurrence` applies as well; the L2 norm is its
+  use_qk_l2norm_in_kernel (ε 10⁻⁶). fla's layer defaults: conv_size 4 without bias, no gate,
+  SiLU on q, k and v, L2 norm, norm_eps 10⁻⁵. Its own initialisation (the layer's, before
+  any model's `_init_weights`), as here: PyTorch's defaults, every W ~ U(±1/√fan_in) (W_o:
+  fan_in F), each conv kernel w ~ U(±1/√K) (depthwise: fan_in K), γ = 1.
+
+  The carry holds Ŝ = Sᵀ [B, M, d_k, d_v] (fla's layout, so Ŝ_t = Ŝ_{t−1} + k_t β_t
+  (v_t − Ŝ_{t−1}ᵀ k_t)ᵀ and o_t = Ŝ_tᵀ q_t / √d), and the last K − 1 conv inputs
+  [B, K − 1, 3F] (q̃, k̃, ṽ side by side): the carry is the pair (conv, Ŝ), float32.
+
+  Parallel form: `delta_rule_chunked`. Stepwise: the delta rule one step at a time
+  (`advance` in `jax.lax.scan`). A padded step has β = 0 (S unchanged: T's row for it is
+  zero) and leaves the conv inputs as they were; the final carry is each sequence's own.
+  The transitions are contractions (|k| ≤ 1, β ≤ 1; reflections at most with
+  allow_neg_eigval), so no state grows over long sequences. Projections run in `dtype`
+  (None: float32) with float32 accumulation; the conv, norms, the recurrence and the carry
+  run in float32.
+  """
   state_size: int = 64             # d: each head's key and value size (M = F / d heads)
   conv_size: int = 4               # K: the short conv's kernel on q, k, v (0: no conv)
   use_gate: bool = False           # gate the normed output by SiLU(x W_g)

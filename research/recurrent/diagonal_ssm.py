@@ -1,26 +1,8 @@
 """Diagonal complex linear state space layers: the shared body of `LRU` and `S5`.
 
-A layer of width H (input and output) with N complex states per direction maps
-x [B, T, H] to y [B, T, H]:
-
-  h_t = λ ⊙ h_{t−1} + B̄ x_t              λ [N] complex, |λ| < 1; B̄ [N, H] complex
-  y_t = s · Re(C h_t) + D ⊙ x_t           C [H, N] complex, D [H] real, s = 1 or 2
-
-(s = 2 when only one of each pair of conjugate states is kept, S5's conjugate symmetry).
-Bidirectional: a second state h'_t runs from the last step to the first with the same λ
-and B̄, and y_t = s · Re(C_fwd h_t + C_bwd h'_t) + D ⊙ x_t.
-
-`mode` picks how the recurrence runs over a sequence: "parallel" (chunks of `chunk_size`
-steps side by side, joined by `associative_scan`: see `linear_scan.py`) or "stepwise" (one
-step at a time); the two agree to rounding. `step` is one
-time step with a carried state, for decoding and streams of any length.
-
-`seq_lengths` [B] (ints): steps t ≥ seq_lengths[b] are padding; their outputs are zero,
-the state stays as it was (the final state is each sequence's own) and the reverse
-direction starts at each sequence's last valid step, as the `RNN` / `LSTM` / `GRU` layers.
-
-The matrix products with B̄ and C run in `dtype` (None: float32) with float32
-accumulation; the state is complex64 and the recurrence runs in it.
+A layer of width H with N complex states per direction, h_t = λ ⊙ h_{t−1} + B̄ x_t read out
+as y_t = s · Re(C h_t) + D ⊙ x_t, run in parallel over time or stepwise (`linear_scan`);
+the subclasses differ only in how they parametrise and initialise λ, B̄ and C.
 """
 
 from typing import Any, NamedTuple
@@ -49,7 +31,7 @@ def _skip(x: Array, d: Array) -> Array:
 
 
 class System(NamedTuple):
-  """The discrete system one call runs (see the module docstring)."""
+  """The discrete system one call runs (see `DiagonalSSM`)."""
   lam: Array      # [N] complex64, λ
   b: Array        # [N, H] complex64, B̄
   c: Array        # [directions, H, N] complex64, C (C_fwd, C_bwd)
@@ -58,10 +40,33 @@ class System(NamedTuple):
 
 
 class DiagonalSSM(nn.Module):
-  """Shared body of `LRU` and `S5`; subclasses build the system from their parameters."""
+  """Shared body of `LRU` and `S5`; subclasses build the system from their parameters.
+
+  A layer of width H (input and output) with N complex states per direction maps
+  x [B, T, H] to y [B, T, H]:
+
+    h_t = λ ⊙ h_{t−1} + B̄ x_t              λ [N] complex, |λ| < 1; B̄ [N, H] complex
+    y_t = s · Re(C h_t) + D ⊙ x_t           C [H, N] complex, D [H] real, s = 1 or 2
+
+  (s = 2 when only one of each pair of conjugate states is kept, S5's conjugate symmetry).
+  Bidirectional: a second state h'_t runs from the last step to the first with the same λ
+  and B̄, and y_t = s · Re(C_fwd h_t + C_bwd h'_t) + D ⊙ x_t.
+
+  `mode` picks how the recurrence runs over a sequence: "parallel" (chunks of `chunk_size`
+  steps side by side, joined by `associative_scan`: see `linear_scan.py`) or "stepwise" (one
+  step at a time); the two agree to rounding. `step` is one time step with a carried state,
+  for decoding and streams of any length.
+
+  `seq_lengths` [B] (ints): steps t ≥ seq_lengths[b] are padding; their outputs are zero,
+  the state stays as it was (the final state is each sequence's own) and the reverse
+  direction starts at each sequence's last valid step, as the `RNN` / `LSTM` / `GRU` layers.
+
+  The matrix products with B̄ and C run in `dtype` (None: float32) with float32
+  accumulation; the state is complex64 and the recurrence runs in it.
+  """
   mode: str = "parallel"           # "parallel" (chunks joined by associative_scan) or "stepwise"
   chunk_size: int = 64             # parallel form: steps per chunk (see `linear_scan`)
-  bidirectional: bool = False      # add a reverse-time state (see the module docstring)
+  bidirectional: bool = False      # add a reverse-time state (see the class docstring)
   dtype: Any = None                # computation dtype of the matrix products (None: float32)
   param_dtype: Any = jnp.float32   # parameter dtype
 

@@ -1,24 +1,8 @@
 """PyTorch's recurrence equations for one time step, with hand-written gradients.
 
-Shared by the single-step cells (`cells.py`) and the fused sequence loop
-(`recurrence.py`). Notation follows the PyTorch documentation; the matrix products are
-computed by the caller, without biases, in PyTorch's gate order:
-
-  xw = x_t W_ihᵀ       [batch, gates * hidden]
-  hw = h_{t-1} W_hhᵀ   [batch, gates * hidden]
-
-SimpleRNN (1 gate):      h_t = act(xw + b_ih + hw + b_hh),  act = tanh or relu
-LSTM (4 gates i,f,g,o):  i, f, g, o = σ, σ, tanh, σ (xw + b_ih + hw + b_hh)
-                         c_t = f ⊙ c_{t-1} + i ⊙ g,   h_t = o ⊙ tanh(c_t)
-GRU (3 gates r,z,n):     r = σ(xw_r + b_ir + hw_r + b_hr),  z = σ(xw_z + b_iz + hw_z + b_hz)
-                         n = tanh(xw_n + b_in + r ⊙ (hw_n + b_hn))
-                         h_t = (1 − z) ⊙ n + z ⊙ h_{t-1}
-
-`forward` returns the new state and what the backward step needs: `acts`, the gate
-activations ([batch, gates * hidden], the same shape as xw so the sequence loop can
-store them in xw's place), and `saved` ([batch, hidden] or None). `backward` uses only
-products of saved activations (no transcendental is recomputed except LSTM's tanh(c_t)),
-which is what makes the fused loop's backward pass cheap.
+Shared by the single-step cells (`cells.py`) and the fused sequence loop (`recurrence.py`);
+the backward step uses only products of saved activations, which is what makes the fused
+loop's backward pass cheap. `CellEquations` gives the equations of RNN, LSTM and GRU.
 """
 
 from collections.abc import Callable
@@ -50,7 +34,26 @@ class StepGrads(NamedTuple):
 
 
 class CellEquations(NamedTuple):
-  """One cell kind: its gate count and its forward / backward time step."""
+  """One cell kind: its gate count and its forward / backward time step.
+
+  Notation follows the PyTorch documentation; the matrix products are computed by the
+  caller, without biases, in PyTorch's gate order:
+
+    xw = x_t W_ihᵀ       [batch, gates * hidden]
+    hw = h_{t-1} W_hhᵀ   [batch, gates * hidden]
+
+  SimpleRNN (1 gate):      h_t = act(xw + b_ih + hw + b_hh),  act = tanh or relu
+  LSTM (4 gates i,f,g,o):  i, f, g, o = σ, σ, tanh, σ (xw + b_ih + hw + b_hh)
+                           c_t = f ⊙ c_{t-1} + i ⊙ g,   h_t = o ⊙ tanh(c_t)
+  GRU (3 gates r,z,n):     r = σ(xw_r + b_ir + hw_r + b_hr),  z = σ(xw_z + b_iz + hw_z + b_hz)
+                           n = tanh(xw_n + b_in + r ⊙ (hw_n + b_hn))
+                           h_t = (1 − z) ⊙ n + z ⊙ h_{t-1}
+
+  `forward` returns the new state and what the backward step needs: `acts`, the gate
+  activations ([batch, gates * hidden], the same shape as xw so the sequence loop can
+  store them in xw's place), and `saved` ([batch, hidden] or None). `backward` uses only
+  products of saved activations (no transcendental is recomputed except LSTM's tanh(c_t)).
+  """
   name: str
   num_gates: int
   has_cell_state: bool

@@ -2,63 +2,8 @@
 Transformers with Hardware-Efficient Training", §4), its layer with flash-linear-attention's
 choices (fla/layers/gla.py) where the paper leaves one open.
 
-For x_t [B, F], M = F / state_size heads, each of value size d_v = state_size and key size
-d_k = expand_k · state_size (fla's expand_k = 0.5, expand_v = 1: keys of F/2, values of F in
-all; the paper's 4 heads are state_size = F/4):
-
-  q_t = x_t W_q,  k_t = x_t W_k                                   [B, M, d_k]
-  v_t = x_t W_v                                                   [B, M, d_v]
-  log α_t = logsigmoid(x_t W_α1 W_α2 + b_α) / τ                   [B, M, d_k]
-  S_t = diag(α_t) S_{t−1} + k_tᵀ v_t                              [B, M, d_k, d_v]
-  o_t = (q_t d_k^{−1/2}) S_t                                      [B, M, d_v]
-  r_t = swish(x_t W_r)                                            [B, M, d_v]
-  y_t = (RMSNorm(o_t) ⊙ r_t) W_o                                  [B, F]
-
-with the gate of low rank r (W_α1 [F, r], W_α2 [r, M·d_k], r = 16) and temperature τ = 16,
-α_t = σ(·)^{1/τ}, kept as its logarithm. RMSNorm is over each head's d_v values,
-o / √(mean(o²) + ε) ⊙ γ, ε = 1e-5, with one scale γ [d_v] shared by the heads (fla's
-FusedRMSNormGated over head_v_dim, elementwise_affine=True). The paper's equations differ
-in three places, where we follow fla: o_t = q_t S_t (no scale d_k^{−1/2}), a LayerNorm of
-each head's output (LN) instead of RMSNorm, and a bias b_r in the output gate,
-r_t = swish(x_t W_r + b_r).
-
-Initialisation (the `_initialize_weights` of fla's GLA layer in the paper's time; fla's
-models now re-initialise every linear layer N(0, 0.02²) instead): every projection W_q,
-W_k, W_v, W_r, W_α1, W_α2, W_o Xavier-uniform with gain 2^{−2.5},
-U(±2^{−2.5} √(6 / (fan_in + fan_out))) with the fans of the whole matrix (e.g. W_q
-[F, M·d_k]); b_α = 0, γ = 1.
-
-The carry is S [B, M, d_k, d_v] float32. A padded step (valid False) has log α = 0 and
-k = 0: S passes through it unchanged.
-
-Parallel form (the chunkwise form of §4.2-4.3): time is cut into chunks of C = chunk_size
-steps. Within a chunk, with the chunk's start as origin, b_t = Σ_{r≤t} log α_r (≤ 0):
-
-  o_t = (q̃_t ⊙ e^{b_t}) S_in  +  Σ_{s≤t} Σ_i q̃_ti k_si e^{Σ_{s<r≤t} log α_ri} v_s
-  S_out = diag(e^{b_C}) S_in  +  Σ_s (k_s ⊙ e^{Σ_{s<r≤C} log α_r})ᵀ v_s
-
-(q̃ = q d_k^{−1/2}): the chunks' contributions to the state are matrix products side by
-side, then S is carried from chunk to chunk (`jax.lax.scan` over the T / C chunks, as
-fla's kernels loop over chunks), then every output at once.
-
-Every exponent is a sum of log-gates, ≤ 0, so no exponential can overflow whatever the
-gates (log α = −30 a step is e^{−1920} over 64 steps: it underflows to 0, its value in
-float32). The paper's e^{b_t} · e^{−b_s} is never formed (e^{−b_s} overflows float32
-after 88 / |log α| steps), and neither is b_t − b_s: a difference of two large cumulative
-sums loses their digits (gates of −30 for 5 steps, then mild ones: |b| ≈ 150, whose
-rounding, 10⁻⁵, would be the error of every later decay). Each pair's decay is the sum of
-its own log-gates, per key channel: C² · d_k numbers per chunk and head, C · T · M · d_k
-per sequence (and as many for their gradient). Chunks are therefore short: 8 steps by
-default, the fastest of 4 to 64 for forward and backward on a CPU at T = 4096 (widths 32
-and 128, state_size 16 and 64). fla's GPU kernels also compute sub-chunks of 16 steps in
-log space; on a GPU, where each of the T / C sequential steps costs a kernel launch,
-longer chunks may pay.
-
-Stepwise form: `jax.lax.scan` over time of the recurrence (`_recur`), the per-step math
-of `advance`.
-
-Projections run in `dtype` (None: float32) with float32 accumulation; the gates, the
-recurrence, the state and the norm run in float32.
+Linear attention whose state decays by a data-dependent gate per key channel; its parallel
+form is the paper's chunkwise one, computed in log space so that no exponential overflows.
 """
 
 from typing import NamedTuple
@@ -177,8 +122,29 @@ _across_chunks.defvjp(_across_chunks_fwd, _across_chunks_bwd)
 
 
 def _chunked(q, k, v, log_alpha, state, size: int):
-  """The chunkwise parallel form (module docstring), inputs and result as
-  `gated_linear_attention`'s."""
+  """The chunkwise parallel form (§4.2-4.3), inputs and result as
+  `gated_linear_attention`'s: time is cut into chunks of C = size steps. Within a chunk,
+  with the chunk's start as origin, b_t = Σ_{r≤t} log α_r (≤ 0):
+
+    o_t = (q̃_t ⊙ e^{b_t}) S_in  +  Σ_{s≤t} Σ_i q̃_ti k_si e^{Σ_{s<r≤t} log α_ri} v_s
+    S_out = diag(e^{b_C}) S_in  +  Σ_s (k_s ⊙ e^{Σ_{s<r≤C} log α_r})ᵀ v_s
+
+  (q̃ = q d_k^{−1/2}): the chunks' contributions to the state are matrix products side by
+  side, then S is carried from chunk to chunk (`jax.lax.scan` over the T / C chunks, as
+  fla's kernels loop over chunks), then every output at once.
+
+  Every exponent is a sum of log-gates, ≤ 0, so no exponential can overflow whatever the
+  gates (log α = −30 a step is e^{−1920} over 64 steps: it underflows to 0, its value in
+  float32). The paper's e^{b_t} · e^{−b_s} is never formed (e^{−b_s} overflows float32
+  after 88 / |log α| steps), and neither is b_t − b_s: a difference of two large cumulative
+  sums loses their digits (gates of −30 for 5 steps, then mild ones: |b| ≈ 150, whose
+  rounding, 10⁻⁵, would be the error of every later decay). Each pair's decay is the sum of
+  its own log-gates, per key channel: C² · d_k numbers per chunk and head, C · T · M · d_k
+  per sequence (and as many for their gradient). Chunks are therefore short: 8 steps by
+  default, the fastest of 4 to 64 for forward and backward on a CPU at T = 4096 (widths 32
+  and 128, state_size 16 and 64). fla's GPU kernels also compute sub-chunks of 16 steps in
+  log space; on a GPU, where each of the T / C sequential steps costs a kernel launch,
+  longer chunks may pay."""
   num_steps = q.shape[1]
   q = q * q.shape[-1] ** -0.5
   q, k, v, log_alpha = (_chunks(a, size) for a in (q, k, v, log_alpha))   # [B, n, C, M, ·]
@@ -210,10 +176,43 @@ def gated_linear_attention(q: Array, k: Array, v: Array, log_alpha: Array, state
 
 
 class GLA(SelectiveLayer):
-  """Gated linear attention: x [B, T, F] -> (y [B, T, F], the carry S [B, M, d_k, d_v]);
-  see the module docstring. `state_size` is d_v, each head's value size (M = F / d_v)."""
+  """Gated linear attention: x [B, T, F] -> (y [B, T, F], the carry S [B, M, d_k, d_v]).
+  `state_size` is d_v, each head's value size (M = F / d_v).
+
+  For x_t [B, F], M = F / state_size heads, each of value size d_v = state_size and key size
+  d_k = expand_k · state_size (fla's expand_k = 0.5, expand_v = 1: keys of F/2, values of F
+  in all; the paper's 4 heads are state_size = F/4):
+
+    q_t = x_t W_q,  k_t = x_t W_k                                   [B, M, d_k]
+    v_t = x_t W_v                                                   [B, M, d_v]
+    log α_t = logsigmoid(x_t W_α1 W_α2 + b_α) / τ                   [B, M, d_k]
+    S_t = diag(α_t) S_{t−1} + k_tᵀ v_t                              [B, M, d_k, d_v]
+    o_t = (q_t d_k^{−1/2}) S_t                                      [B, M, d_v]
+    r_t = swish(x_t W_r)                                            [B, M, d_v]
+    y_t = (RMSNorm(o_t) ⊙ r_t) W_o                                  [B, F]
+
+  with the gate of low rank r (W_α1 [F, r], W_α2 [r, M·d_k], r = 16) and temperature τ = 16,
+  α_t = σ(·)^{1/τ}, kept as its logarithm. RMSNorm is over each head's d_v values,
+  o / √(mean(o²) + ε) ⊙ γ, ε = 1e-5, with one scale γ [d_v] shared by the heads (fla's
+  FusedRMSNormGated over head_v_dim, elementwise_affine=True). The paper's equations differ
+  in three places, where we follow fla: o_t = q_t S_t (no scale d_k^{−1/2}), a LayerNorm of
+  each head's output (LN) instead of RMSNorm, and a bias b_r in the output gate,
+  r_t = swish(x_t W_r + b_r).
+
+  Initialisation (the `_initialize_weights` of fla's GLA layer in the paper's time; fla's
+  models now re-initialise every linear layer N(0, 0.02²) instead): every projection W_q,
+  W_k, W_v, W_r, W_α1, W_α2, W_o Xavier-uniform with gain 2^{−2.5},
+  U(±2^{−2.5} √(6 / (fan_in + fan_out))) with the fans of the whole matrix (e.g. W_q
+  [F, M·d_k]); b_α = 0, γ = 1.
+
+  The carry is S [B, M, d_k, d_v] float32. A padded step (valid False) has log α = 0 and
+  k = 0: S passes through it unchanged. The parallel form is `_chunked`; the stepwise form
+  is `jax.lax.scan` over time of the recurrence (`_recur`), the per-step math of `advance`.
+  Projections run in `dtype` (None: float32) with float32 accumulation; the gates, the
+  recurrence, the state and the norm run in float32.
+  """
   state_size: int = 64             # d_v, each head's value size; M = F / d_v heads
-  chunk_size: int = 8              # parallel form: steps per chunk (module docstring)
+  chunk_size: int = 8              # parallel form: steps per chunk (see `_chunked`)
   expand_k: float = 0.5            # d_k = expand_k · d_v, each head's key size (fla)
   gate_rank: int = 16              # r, the rank of the forget gate's W_α1 W_α2 (paper, fla)
   gate_temperature: float = 16.0   # τ: log α = logsigmoid(·) / τ (paper; fla's normalizer)

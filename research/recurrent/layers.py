@@ -1,29 +1,9 @@
-"""Multi-layer, bidirectional RNN / LSTM / GRU layers with PyTorch's interface.
+"""Multi-layer, bidirectional RNN / LSTM / GRU layers with PyTorch's interface: its shapes,
+packed-sequence semantics and parameter names (`RecurrentLayer`).
 
     layer = LSTM(hidden_size=256, num_layers=2, bidirectional=True, dropout=0.1)
-    variables = layer.init(key, x)
     outputs, (h_n, c_n) = layer.apply(variables, x, initial_state=(h0, c0),
-                                      seq_lengths=lengths, train=True,
-                                      rngs={"dropout": key})
-
-Shapes (B batch, T time, D input, H hidden, P = proj_size or H, K = num_layers ×
-num_directions): x [B, T, D] ([T, B, D] if not batch_first, [T, D] unbatched);
-outputs [B, T, num_directions·P]; h_n, h0 [K, B, P]; c_n, c0 [K, B, H], entry
-k = layer · num_directions + direction, as in PyTorch.
-
-`seq_lengths` [B] gives PyTorch's packed-sequence semantics (`pack_padded_sequence`):
-outputs past a sequence's end are zero, the reverse direction starts at each
-sequence's last valid step, and h_n / c_n hold each sequence's own final state.
-Dropout (rate `dropout`, PRNG stream "dropout") is applied to the outputs of every
-layer but the last, only when `train=True`.
-
-Parameters live in one cell per layer and direction, named `l{k}` and `l{k}_reverse`
-like PyTorch's `weight_ih_l{k}[_reverse]` (see `cells.py` for the layout).
-
-`remat_layer` wraps each layer and direction's pass over the sequence, a function
-(cell, x, h0, c0, valid) -> (ys, h_n, c_n) of the bound cell: e.g. `flax.linen.remat`,
-which recomputes the pass in the backward pass from its inputs instead of keeping its
-gate activations (research/models/remat.py). The parameters keep their names.
+                                      seq_lengths=lengths, train=True, rngs={"dropout": key})
 """
 
 import functools
@@ -60,7 +40,28 @@ def layer_pass(cell: RecurrentCell, x: Array, h0: Array, c0: Array | None,
 
 
 class RecurrentLayer(nn.Module):
-  """Shared body of `RNN`, `LSTM` and `GRU`; subclasses say which cell to stack."""
+  """Shared body of `RNN`, `LSTM` and `GRU`; subclasses say which cell to stack.
+
+  Shapes (B batch, T time, D input, H hidden, P = proj_size or H, K = num_layers ×
+  num_directions): x [B, T, D] ([T, B, D] if not batch_first, [T, D] unbatched);
+  outputs [B, T, num_directions·P]; h_n, h0 [K, B, P]; c_n, c0 [K, B, H], entry
+  k = layer · num_directions + direction, as in PyTorch.
+
+  `seq_lengths` [B] gives PyTorch's packed-sequence semantics (`pack_padded_sequence`):
+  outputs past a sequence's end are zero, the reverse direction starts at each
+  sequence's last valid step, and h_n / c_n hold each sequence's own final state.
+  Dropout (rate `dropout`, PRNG stream "dropout") is applied to the outputs of every
+  layer but the last, only when `train=True`.
+
+  Parameters live in one cell per layer and direction, named `l{k}` and `l{k}_reverse`
+  like PyTorch's `weight_ih_l{k}[_reverse]` (see `cells.py` for the layout).
+
+  `remat_layer` wraps each layer and direction's pass over the sequence (`layer_pass`), a
+  function (cell, x, h0, c0, valid) -> (ys, h_n, c_n) of the bound cell: e.g.
+  `flax.linen.remat`, which recomputes the pass in the backward pass from its inputs instead
+  of keeping its gate activations (research/models/remat.py). The parameters keep their
+  names.
+  """
   hidden_size: int                 # H, features of each hidden state
   num_layers: int = 1              # stacked recurrent layers
   bidirectional: bool = False      # add a reverse-time direction to every layer
@@ -69,7 +70,7 @@ class RecurrentLayer(nn.Module):
   dtype: Any = None                # computation dtype of the matrix products (None: float32)
   param_dtype: Any = jnp.float32   # parameter dtype
   remat_layer: Callable[[Callable], Callable] | None = None  # wraps each layer and
-                                   # direction's pass (see the module docstring)
+                                   # direction's pass (see the class docstring)
 
   def make_cell(self, name: str) -> RecurrentCell:
     raise NotImplementedError
@@ -88,7 +89,7 @@ class RecurrentLayer(nn.Module):
   @nn.compact
   def __call__(self, x: Array, *, initial_state: Any = None, seq_lengths: Array | None = None,
                train: bool = False):
-    """Runs the stack; see the module docstring for shapes.
+    """Runs the stack; see the class docstring for shapes.
 
     Returns (outputs, h_n) for RNN and GRU, (outputs, (h_n, c_n)) for LSTM.
     """

@@ -1,30 +1,9 @@
 """Causal linear attention as a recurrent cell (Katharopoulos et al. 2020, "Transformers are
 RNNs"), with an optional per-head decay (retention, Sun et al. 2023, "Retentive Network").
 
-For x_t [B, D], M heads of key and value size d = qkv_features / M:
-
-  q_t = x_t W_q + b_q,  k_t = x_t W_k + b_k,  v_t = x_t W_v + b_v      [B, M, d] each
-  S_t = γ S_{t−1} + φ(k_t) v_tᵀ                                         [B, M, d, d]
-  z_t = γ z_{t−1} + φ(k_t)                                              [B, M, d]
-  o_t = S_tᵀ φ(q_t) / (z_t · φ(q_t) + ε)    (`normalize`; else o_t = S_tᵀ φ(q_t))
-  y_t = o_t W_o + b_o                                                   [B, out]
-
-with φ(u) = elu(u) + 1 ("elu_plus_one", positive, so z_t · φ(q_t) > 0) or φ(u) = u
-("identity", retention's, with normalize=False), and γ [M] the per-head `decay` (γ = 1
-without). Unrolled, this is causal attention with the kernel φ(q)·φ(k) and a decay mask:
-o_t = Σ_{s≤t} γ^{t−s} (φ(q_t)·φ(k_s)) v_s / Σ_{s≤t} γ^{t−s} φ(q_t)·φ(k_s). RetNet's decays
-are `retnet_decay(M)`, γ_m = 1 − 2^(−5−m).
-
-The carry holds S and z side by side, [B, M, d, d + 1] float32 (the last column is z),
-so one linear recurrence (`linear_scan.py`) updates both: φ(k_t) [v_t; 1]ᵀ is added.
-
-`__call__(carry, x_t)` is one time step (the `flax.linen.RNNCellBase` contract, so the cell
-also runs under `nn.RNN`); `sequence(x)` runs a whole sequence, in parallel over time
-(`mode="parallel"`: chunks side by side joined by `associative_scan`, see `linear_scan.py`)
-or step by step (`"stepwise"`), the two equal;
-with `seq_lengths` a padded step outputs zeros and leaves the carry unchanged. The
-projections run in `dtype` with float32 accumulation; φ, the carry and the readout run in
-float32.
+Attention with the kernel φ(q)·φ(k) and a decay mask, unrolled, is a linear recurrence on a
+state of d × (d + 1) numbers per head: `LinearAttentionCell` runs it one step or a whole
+sequence (in parallel over time or stepwise), `LinearAttention` is the layer of a block stack.
 """
 
 from typing import Any, NamedTuple
@@ -55,7 +34,32 @@ class Weights(NamedTuple):
 
 
 class LinearAttentionCell(nn.RNNCellBase):
-  """Causal linear attention, one step or a whole sequence (see the module docstring)."""
+  """Causal linear attention, one step or a whole sequence.
+
+  For x_t [B, D], M heads of key and value size d = qkv_features / M:
+
+    q_t = x_t W_q + b_q,  k_t = x_t W_k + b_k,  v_t = x_t W_v + b_v      [B, M, d] each
+    S_t = γ S_{t−1} + φ(k_t) v_tᵀ                                         [B, M, d, d]
+    z_t = γ z_{t−1} + φ(k_t)                                              [B, M, d]
+    o_t = S_tᵀ φ(q_t) / (z_t · φ(q_t) + ε)    (`normalize`; else o_t = S_tᵀ φ(q_t))
+    y_t = o_t W_o + b_o                                                   [B, out]
+
+  with φ(u) = elu(u) + 1 ("elu_plus_one", positive, so z_t · φ(q_t) > 0) or φ(u) = u
+  ("identity", retention's, with normalize=False), and γ [M] the per-head `decay` (γ = 1
+  without). Unrolled, this is causal attention with the kernel φ(q)·φ(k) and a decay mask:
+  o_t = Σ_{s≤t} γ^{t−s} (φ(q_t)·φ(k_s)) v_s / Σ_{s≤t} γ^{t−s} φ(q_t)·φ(k_s). RetNet's
+  decays are `retnet_decay(M)`, γ_m = 1 − 2^(−5−m).
+
+  The carry holds S and z side by side, [B, M, d, d + 1] float32 (the last column is z),
+  so one linear recurrence (`linear_scan.py`) updates both: φ(k_t) [v_t; 1]ᵀ is added.
+
+  `__call__(carry, x_t)` is one time step (the `flax.linen.RNNCellBase` contract, so the
+  cell also runs under `nn.RNN`); `sequence(x)` runs a whole sequence, in parallel over time
+  (`mode="parallel"`: chunks side by side joined by `associative_scan`, see `linear_scan.py`)
+  or step by step (`"stepwise"`), the two equal; with `seq_lengths` a padded step outputs
+  zeros and leaves the carry unchanged. The projections run in `dtype` with float32
+  accumulation; φ, the carry and the readout run in float32.
+  """
   num_heads: int = 1                        # M
   qkv_features: int | None = None           # M·d (None: the input's width D)
   out_features: int | None = None           # width of y (None: the input's width D)

@@ -1,35 +1,9 @@
 """The linear recurrence h_t = a ⊙ h_{t−1} + b_t over time, in parallel or step by step.
 
 Shared by `LRU`, `S5` and `LinearAttentionCell`, whose coefficient a does not change with
-time (LRU's λ, S5's Λ̄, a per-head decay):
-
-  b: [B, T, *state]      what each step adds
-  a: [*s] or None        s broadcasts to state (λ [N]; a decay [heads, 1, 1]); None: a = 1
-  h0: [B, *state]        the state before the first step (zero when None)
-
-each a real array or, for complex values, a pair (re, im) of real arrays (a and b of the
-same kind): XLA's CPU backend multiplies complex numbers element by element far more
-slowly than reals, and splitting or joining complex arrays costs passes over memory.
-
-`parallel=True` splits time into chunks of `chunk` steps and runs all chunks side by side
-(one step of every chunk at a time, `chunk` steps in all): first from a zero start, keeping
-only each chunk's end state e; then `jax.lax.associative_scan` over the chunks, with the
-operator (A, e) ∘ (A', e') = (A' A, A' e + e') on (a^chunk, e), gives the state entering
-each chunk; then the chunks run again from those states, keeping every state. The depth is
-2·chunk + log(T / chunk) instead of T, and every operation is a vector over all chunks;
-`chunk=1` is `associative_scan` over every step. `parallel=False` runs one step at a time.
-Both agree to rounding.
-
-The backward pass is written out (custom VJP): the states' cotangent g (for a pair, the
-gradients of its real and imaginary parts, g = ∂L/∂h_re + i ∂L/∂h_im) obeys the same
-recurrence in the other direction, g_t = ā ⊙ g_{t+1} + ∂L/∂h_t (ā the complex conjugate),
-then ∂L/∂b_t = g_t and ∂L/∂a = Σ_t g_t ⊙ conj(h_{t−1}): one more scan of the same kind,
-parallel or stepwise as the forward was, which sums ∂L/∂a as it goes.
-
-`lengths` [B] ints: steps t ≥ lengths[b] are padding. Their b_t is ignored, `h_last` is the
-state after each sequence's own last step (h0 or zero for length 0) and a reverse scan
-starts at the sequence's last step. The states returned for padded steps are not
-meaningful (callers zero their outputs there).
+time (LRU's λ, S5's Λ̄, a per-head decay). The parallel form runs chunks of steps side by
+side joined by `jax.lax.associative_scan`, with a hand-written backward pass of the same
+kind; `linear_scan` gives both forms and their gradients.
 """
 
 import functools
@@ -111,7 +85,7 @@ def _blocks(x: Array, size: int) -> Array:
 
 
 def _chunked(a: Value | None, b: Value, reverse: bool, chunk: int, against: Value | None = None):
-  """The parallel form (module docstring) over axis 1 of b [B, T, *state]; with `against`
+  """The parallel form (see `linear_scan`) over axis 1 of b [B, T, *state]; with `against`
   (r like b), also Σ_t h_t ⊙ conj(r_t') as in `_loop` (r zero after the last step),
   summed over time to [B, *state]."""
   batch, num_steps = b[0].shape[:2]
@@ -188,7 +162,35 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 def linear_scan(a: Values | None, b: Values, h0: Values | None = None, *,
                 lengths: Array | None = None, reverse: bool = False, parallel: bool = True,
                 chunk: int = 64) -> tuple[Values, Values]:
-  """All states h_t = a ⊙ h_{t−1} + b_t and the last one (see the module docstring).
+  """All states h_t = a ⊙ h_{t−1} + b_t and the last one.
+
+    b: [B, T, *state]      what each step adds
+    a: [*s] or None        s broadcasts to state (λ [N]; a decay [heads, 1, 1]); None: a = 1
+    h0: [B, *state]        the state before the first step (zero when None)
+
+  each a real array or, for complex values, a pair (re, im) of real arrays (a and b of the
+  same kind): XLA's CPU backend multiplies complex numbers element by element far more
+  slowly than reals, and splitting or joining complex arrays costs passes over memory.
+
+  `parallel=True` splits time into chunks of `chunk` steps and runs all chunks side by side
+  (one step of every chunk at a time, `chunk` steps in all): first from a zero start,
+  keeping only each chunk's end state e; then `jax.lax.associative_scan` over the chunks,
+  with the operator (A, e) ∘ (A', e') = (A' A, A' e + e') on (a^chunk, e), gives the state
+  entering each chunk; then the chunks run again from those states, keeping every state.
+  The depth is 2·chunk + log(T / chunk) instead of T, and every operation is a vector over
+  all chunks; `chunk=1` is `associative_scan` over every step. `parallel=False` runs one
+  step at a time. Both agree to rounding.
+
+  The backward pass is written out (custom VJP): the states' cotangent g (for a pair, the
+  gradients of its real and imaginary parts, g = ∂L/∂h_re + i ∂L/∂h_im) obeys the same
+  recurrence in the other direction, g_t = ā ⊙ g_{t+1} + ∂L/∂h_t (ā the complex conjugate),
+  then ∂L/∂b_t = g_t and ∂L/∂a = Σ_t g_t ⊙ conj(h_{t−1}): one more scan of the same kind,
+  parallel or stepwise as the forward was, which sums ∂L/∂a as it goes.
+
+  `lengths` [B] ints: steps t ≥ lengths[b] are padding. Their b_t is ignored, `h_last` is
+  the state after each sequence's own last step (h0 or zero for length 0) and a reverse
+  scan starts at the sequence's last step. The states returned for padded steps are not
+  meaningful (callers zero their outputs there).
 
   Returns, in b's form (an array, or a pair (re, im)):
     h: [B, T, *state], the state after each step;

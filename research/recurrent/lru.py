@@ -1,23 +1,9 @@
 """The Linear Recurrent Unit (Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks
 for Long Sequences").
 
-For x [B, T, H] and N complex states:
-
-  λ = exp(−exp(ν_log) + i exp(θ_log))                  [N], |λ| = exp(−exp(ν_log)) < 1
-  γ = exp(γ_log)                                       [N], initialised to √(1 − |λ|²)
-  h_t = λ ⊙ h_{t−1} + γ ⊙ (B x_t)                      B = B_re + i B_im  [N, H]
-  y_t = Re(C h_t) + D ⊙ x_t                            C = C_re + i C_im  [H, N], D [H]
-
-The exponential parametrisation keeps |λ| < 1 for any ν_log; γ normalises the state's
-variance at initialisation. Ring initialisation: |λ| uniform on the ring
-[r_min, r_max] in area, ν_log = log(−½ log(u₁ (r_max² − r_min²) + r_min²)), and phase
-θ = max_phase · u₂ (u₁, u₂ ~ U(0, 1)), 0 < max_phase ≤ 2π; B_re, B_im ~ N(0, 1/(2H)),
-C_re, C_im ~ N(0, 1/N), D ~ N(0, 1). In float32, |λ|² is kept inside (0, 1) and θ above
-0, so that ν_log, θ_log and γ_log are finite for every ring and phase allowed.
-
-Parameters: nu_log, theta_log, gamma_log [N]; B_re, B_im [N, H]; C_re, C_im [H, N]
-([2, H, N] when bidirectional: C_fwd, C_bwd); D [H]. Running over sequences (parallel or
-stepwise, lengths, `step`, dtypes): see `diagonal_ssm.py`.
+A diagonal complex linear recurrence (`diagonal_ssm.py`) whose eigenvalues are
+parametrised exponentially, so that |λ| < 1 for any parameters, initialised on a ring, and
+whose input is normalised so that the state's variance is 1 at initialisation (`LRU`).
 """
 
 import math
@@ -36,7 +22,26 @@ def _normal(stddev: float) -> nn.initializers.Initializer:
 
 
 class LRU(DiagonalSSM):
-  """Linear Recurrent Unit: x [B, T, H] -> y [B, T, H] (see the module docstring)."""
+  """Linear Recurrent Unit: x [B, T, H] -> y [B, T, H].
+
+  For x [B, T, H] and N complex states:
+
+    λ = exp(−exp(ν_log) + i exp(θ_log))                  [N], |λ| = exp(−exp(ν_log)) < 1
+    γ = exp(γ_log)                                       [N], initialised to √(1 − |λ|²)
+    h_t = λ ⊙ h_{t−1} + γ ⊙ (B x_t)                      B = B_re + i B_im  [N, H]
+    y_t = Re(C h_t) + D ⊙ x_t                            C = C_re + i C_im  [H, N], D [H]
+
+  The exponential parametrisation keeps |λ| < 1 for any ν_log; γ normalises the state's
+  variance at initialisation. Ring initialisation: |λ| uniform on the ring
+  [r_min, r_max] in area, ν_log = log(−½ log(u₁ (r_max² − r_min²) + r_min²)), and phase
+  θ = max_phase · u₂ (u₁, u₂ ~ U(0, 1)), 0 < max_phase ≤ 2π; B_re, B_im ~ N(0, 1/(2H)),
+  C_re, C_im ~ N(0, 1/N), D ~ N(0, 1). In float32, |λ|² is kept inside (0, 1) and θ above
+  0, so that ν_log, θ_log and γ_log are finite for every ring and phase allowed.
+
+  Parameters: nu_log, theta_log, gamma_log [N]; B_re, B_im [N, H]; C_re, C_im [H, N]
+  ([2, H, N] when bidirectional: C_fwd, C_bwd); D [H]. Running over sequences (parallel or
+  stepwise, lengths, `step`, dtypes): see `DiagonalSSM`.
+  """
   state_size: int = 64             # N, complex states
   r_min: float = 0.0               # smallest |λ| at initialisation
   r_max: float = 1.0               # largest |λ| at initialisation

@@ -2,47 +2,8 @@
 State Spaces", Figure 3; the reference code's `mamba_simple.py`): a gated, convolved
 selective state space model (S6) as a sequence-mixing layer.
 
-For x [B, T, F], expand E, D = E·F inner channels, N = state_size states per channel, a
-causal depthwise convolution of K = conv_size taps and a rank R = dt_rank for Δ:
-
-  (x_in, z) = x W_in                                   W_in [F, 2D]; x_in, z [B, T, D]
-  u_t = SiLU(Σ_k W_conv[k] ⊙ x_in_{t−K+1+k} + b_conv)  W_conv [K, D], b_conv [D]
-  (δ_t, B_t, C_t) = u_t W_x                            W_x [D, R + 2N]; δ [R], B_t, C_t [N]
-  Δ_t = softplus(δ_t W_dt + b_dt)                      W_dt [R, D], b_dt [D]; Δ_t [D]
-  A = −exp(A_log)                                      A_log [D, N]
-  h_t = exp(Δ_t ⊗ A) ⊙ h_{t−1} + (Δ_t ⊙ u_t) ⊗ B_t     h [D, N]
-  y_t = h_t C_t + D_skip ⊙ u_t                         D_skip [D] (the parameter "D")
-  out_t = (y_t ⊙ SiLU(z_t)) W_out                      W_out [D, F]
-
-(zero-order hold on A, Euler on B, as the reference code; x_in before t = 0 is the carried
-convolution state, zeros to start). The recurrence and y_t = h_t C_t are `selective_scan`
-(fused; parallel: chunks of `chunk_size` steps side by side joined by `associative_scan`;
-stepwise: one step at a time, with `s6_step`, which is also `step`'s).
-
-Initialisation as the reference block (`mamba_simple.py`, and mambapy's `MambaBlock`, which
-follows it): W_in, W_x, W_out as torch's nn.Linear default U(±1/√fan_in), W_conv and
-b_conv as torch's Conv1d default U(±1/√K); W_dt ~ U(±dt_scale/√R); b_dt = softplus⁻¹(dt),
-dt = max(exp(U(log dt_min, log dt_max)), dt_init_floor); A_log[d, n] = log(n + 1) (S4D-real);
-D_skip = 1. No biases on the projections, a bias on the convolution (the reference's
-bias=False, conv_bias=True).
-
-Parameters (each with a leading 2 when bidirectional, the reverse direction's second):
-in_proj W_in, conv_kernel W_conv, conv_bias b_conv, x_proj W_x, dt_proj W_dt, dt_bias b_dt,
-A_log, D (D_skip), out_proj W_out; `params_from_mambapy` maps a PyTorch state dict to them.
-
-The carry is (the last K − 1 inputs of the convolution, x_in [B, K − 1, D]; the state
-h [B, D, N]), float32. A padded step (seq_lengths) has u = 0 and Δ = 0: the state stays as
-it was (whatever x holds there, inf included), and the convolution's carry holds each
-sequence's last K − 1 valid inputs (padding comes after the valid steps, as the frame's
-masks). The projections run in `dtype` with float32 accumulation; the convolution, Δ, the
-recurrence and the readout in float32.
-
-Speed on a CPU (2 shared cores; forward + backward at x [1, T, 32], D = 64, N = 16,
-ratio of medians, results/recurrent.md): the parallel form (chunks of 128) is 1.8× faster
-than the stepwise form at T = 1024, 1.5× at 4096, 1.55× at 16 384 (see `selective_scan`
-for why not more on a CPU: its loops' layout, not the parallelism). The parallel form's depth
-(2·chunk + log(T / chunk) steps instead of T) is for accelerators, where a step's cost is
-its launch, not its width.
+`Mamba` gives the block's equations, initialisation (the reference's) and parameters, which
+`params_from_mambapy` maps from a PyTorch state dict; the S6 recurrence is `selective_scan`.
 """
 
 import math
@@ -146,10 +107,48 @@ def _uniform(bound: float) -> nn.initializers.Initializer:
 
 class Mamba(SelectiveLayer):
   """The Mamba block: x [B, T, F] -> (y [B, T, F] in `dtype`, zero past each length; the
-  carry (x_in [B, K − 1, D], h [B, D, N])). See the module docstring."""
+  carry (x_in [B, K − 1, D], h [B, D, N])).
+
+  For x [B, T, F], expand E, D = E·F inner channels, N = state_size states per channel, a
+  causal depthwise convolution of K = conv_size taps and a rank R = dt_rank for Δ:
+
+    (x_in, z) = x W_in                                   W_in [F, 2D]; x_in, z [B, T, D]
+    u_t = SiLU(Σ_k W_conv[k] ⊙ x_in_{t−K+1+k} + b_conv)  W_conv [K, D], b_conv [D]
+    (δ_t, B_t, C_t) = u_t W_x                            W_x [D, R + 2N]; δ [R], B_t, C_t [N]
+    Δ_t = softplus(δ_t W_dt + b_dt)                      W_dt [R, D], b_dt [D]; Δ_t [D]
+    A = −exp(A_log)                                      A_log [D, N]
+    h_t = exp(Δ_t ⊗ A) ⊙ h_{t−1} + (Δ_t ⊙ u_t) ⊗ B_t     h [D, N]
+    y_t = h_t C_t + D_skip ⊙ u_t                         D_skip [D] (the parameter "D")
+    out_t = (y_t ⊙ SiLU(z_t)) W_out                      W_out [D, F]
+
+  (zero-order hold on A, Euler on B, as the reference code; x_in before t = 0 is the carried
+  convolution state, zeros to start). The recurrence and y_t = h_t C_t are `selective_scan`
+  (fused; parallel: chunks of `chunk_size` steps side by side joined by `associative_scan`;
+  stepwise: one step at a time, with `s6_step`, which is also `step`'s).
+
+  Initialisation as the reference block (`mamba_simple.py`, and mambapy's `MambaBlock`,
+  which follows it): W_in, W_x, W_out as torch's nn.Linear default U(±1/√fan_in), W_conv and
+  b_conv as torch's Conv1d default U(±1/√K); W_dt ~ U(±dt_scale/√R); b_dt = softplus⁻¹(dt),
+  dt = max(exp(U(log dt_min, log dt_max)), dt_init_floor); A_log[d, n] = log(n + 1)
+  (S4D-real); D_skip = 1. No biases on the projections, a bias on the convolution (the
+  reference's bias=False, conv_bias=True).
+
+  Parameters (each with a leading 2 when bidirectional, the reverse direction's second):
+  in_proj W_in, conv_kernel W_conv, conv_bias b_conv, x_proj W_x, dt_proj W_dt, dt_bias
+  b_dt, A_log, D (D_skip), out_proj W_out; `params_from_mambapy` maps a PyTorch state dict
+  to them.
+
+  The carry is (the last K − 1 inputs of the convolution, x_in [B, K − 1, D]; the state
+  h [B, D, N]), float32. A padded step (seq_lengths) has u = 0 and Δ = 0: the state stays as
+  it was (whatever x holds there, inf included), and the convolution's carry holds each
+  sequence's last K − 1 valid inputs (padding comes after the valid steps, as the frame's
+  masks). The projections run in `dtype` with float32 accumulation; the convolution, Δ, the
+  recurrence and the readout in float32. Its speed on a CPU, parallel against stepwise:
+  docs/recurrent.md.
+  """
   state_size: int = 16            # N, states per inner channel
   chunk_size: int = 128           # parallel form: steps per chunk (the fastest measured on a
-                                  # CPU from T = 1024 to 16 384; see selective_scan)
+                                  # CPU from T = 1024 to 16 384; see docs/recurrent.md)
   expand: int = 2                 # E: D = E·F inner channels
   conv_size: int = 4              # K, taps of the causal depthwise convolution (d_conv)
   dt_rank: int | str = "auto"     # R, rank of Δ's projection; "auto": ⌈F / 16⌉

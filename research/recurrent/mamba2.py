@@ -2,54 +2,8 @@
 Algorithms Through Structured State Space Duality"; state-spaces/mamba's `mamba2_simple.py`,
 `ssd_minimal.py`).
 
-For x [B, T, F], D_in = expand·F channels in H = D_in / P heads of P = head_dim channels,
-N = state_size, one group (G = 1) of B and C shared by the heads, K = conv_size:
-
-  (z, x_in, B, C, δ) = x W_in             W_in [F, 2 D_in + 2N + H], no bias
-  (x, B, C)_t = SiLU(Σ_k w_k ⊙ u_{t−K+1+k} + b_conv)
-                                          u = (x_in, B, C) [D_in + 2N], w [K, D_in + 2N]
-                                          (causal depthwise convolution)
-  Δ_t = softplus(δ_t + b_dt)              [H]
-  A = −exp(A_log)                         [H]
-  h_t = exp(Δ_t A) h_{t−1} + Δ_t x_t B_tᵀ  per head: h [P, N], x_t [P], B_t [N]
-  y_t = h_t C_t + D x_t                   [P] per head, D [H]
-  o_t = RMSNorm(y_t ⊙ SiLU(z_t)) W_out     gated RMSNorm over D_in (weight, ε = 1e-5);
-                                          W_out [D_in, F], no bias
-
-The state space duality (SSD): with a_t = Δ_t A ≤ 0 one scalar per head and step, the
-recurrence is the masked attention y = (L ∘ C Bᵀ)(Δ x), L[i, j] = exp(Σ_{j<k≤i} a_k). The
-parallel form is the paper's chunked algorithm (its Listing 1) on chunks of Q = chunk_size
-steps (the last one padded with Δ = 0):
-
-  1. within each chunk, the quadratic form with L of the chunk (`segsum`: differences of
-     the chunk's cumulative sums of a, the causal mask −∞ above the diagonal);
-  2. each chunk's end state from a zero start, Σ_s exp(Σ_{s<k≤Q} a_k) Δ_s x_s B_sᵀ;
-  3. the state entering each chunk, h_c = exp(Σ_{chunk c−1} a) h_{c−1} + e_{c−1}:
-     `jax.lax.associative_scan` over the chunks, depth log(T / Q) for accelerators (the
-     states it returns are needed in step 4 whatever the scan; on a CPU it ran as fast as a
-     sequential scan over the chunks at T = 4096, Q = 64);
-  4. each entering state's share of the chunk's outputs, exp(Σ_{k≤i} a_k) h_c C_i.
-
-Every exponent is a sum of a_k ≤ 0 within one chunk: no exp overflows, whatever the length.
-As a difference of two cumulative sums it carries a float32 rounding of about ε·|Σ_chunk a|
-(ε = 6e-8), as in mamba_ssm's and fla's chunked kernels; `ssd_minimal.py`'s exact segsum
-(each entry summed on its own) is a cumulative sum over [Q, Q] per chunk, O(Q³), and took
-XLA's CPU backend 13 ms of the core's 77 (forward and backward, T = 4096, H = 8). Memory
-O(T·Q). The stepwise form runs the recurrence with `jax.lax.scan`, the same
-step as `advance`.
-
-The carry: (the convolution's last K − 1 inputs u [B, K − 1, D_in + 2N], h [B, H, P, N]),
-float32. A padded step (valid False; padding follows each sequence's valid steps, as
-`valid_mask` makes it) has Δ = 0 (a decay of 1 and nothing added) in the parallel form and
-leaves the carry as it was in the stepwise one; the convolution's carry is the last K − 1
-inputs of the valid steps.
-
-Initialisation (`mamba2_simple.py`): W_in, W_out, w and b_conv uniform in ±1/√fan_in (torch's
-Linear and Conv1d; fan_in F, D_in, K); b_dt = softplus⁻¹(dt), dt = exp(U[log dt_min,
-log dt_max]) clamped ≥ 1e-4; A_log = log U[1, 16]; D and the norm's weight ones. Parameters
-(per direction): in_proj, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, out_proj.
-The projections run in `dtype` (None: float32) with float32 accumulation; the convolution,
-the recurrence, the norm and the carry run in float32.
+Its decay is one scalar per head and step, so the recurrence is also a masked attention (the
+state space duality): `Mamba2` is the block, `ssd_chunked` the paper's chunked algorithm.
 """
 
 import math
@@ -104,8 +58,30 @@ def _then(earlier: tuple[Array, Array], later: tuple[Array, Array]) -> tuple[Arr
 def ssd_chunked(x: Array, dt: Array, a: Array, b: Array, c: Array, h0: Array,
                 chunk: int) -> tuple[Array, Array]:
   """The SSD recurrence h_t = exp(Δ_t A) h_{t−1} + Δ_t x_t B_tᵀ, y_t = h_t C_t by the chunked
-  algorithm (module docstring). x [B, T, H, P], dt [B, T, H] (Δ), a [H] (A), b, c
-  [B, T, N], h0 [B, H, P, N] -> (y [B, T, H, P], h after step T [B, H, P, N])."""
+  algorithm. x [B, T, H, P], dt [B, T, H] (Δ), a [H] (A), b, c [B, T, N], h0 [B, H, P, N]
+  -> (y [B, T, H, P], h after step T [B, H, P, N]).
+
+  The state space duality (SSD): with a_t = Δ_t A ≤ 0 one scalar per head and step, the
+  recurrence is the masked attention y = (L ∘ C Bᵀ)(Δ x), L[i, j] = exp(Σ_{j<k≤i} a_k). The
+  parallel form is the paper's chunked algorithm (its Listing 1) on chunks of Q = chunk
+  steps (the last one padded with Δ = 0):
+
+    1. within each chunk, the quadratic form with L of the chunk (`segsum`: differences of
+       the chunk's cumulative sums of a, the causal mask −∞ above the diagonal);
+    2. each chunk's end state from a zero start, Σ_s exp(Σ_{s<k≤Q} a_k) Δ_s x_s B_sᵀ;
+    3. the state entering each chunk, h_c = exp(Σ_{chunk c−1} a) h_{c−1} + e_{c−1}:
+       `jax.lax.associative_scan` over the chunks, depth log(T / Q) for accelerators (the
+       states it returns are needed in step 4 whatever the scan; on a CPU it ran as fast as
+       a sequential scan over the chunks at T = 4096, Q = 64);
+    4. each entering state's share of the chunk's outputs, exp(Σ_{k≤i} a_k) h_c C_i.
+
+  Every exponent is a sum of a_k ≤ 0 within one chunk: no exp overflows, whatever the
+  length. As a difference of two cumulative sums it carries a float32 rounding of about
+  ε·|Σ_chunk a| (ε = 6e-8), as in mamba_ssm's and fla's chunked kernels; `ssd_minimal.py`'s
+  exact segsum (each entry summed on its own) is a cumulative sum over [Q, Q] per chunk,
+  O(Q³), and took XLA's CPU backend 13 ms of the core's 77 (forward and backward, T = 4096,
+  H = 8). Memory O(T·Q).
+  """
   batch, steps, heads, size = x.shape
   q = max(1, min(chunk, steps))                                 # T = 0: no chunks
   # Δ x and Δ A as einsums, so that Δ's and A's gradients are contractions (as `_skip`'s)
@@ -153,7 +129,38 @@ def _torch_uniform() -> nn.initializers.Initializer:
 
 
 class Mamba2(SelectiveLayer):
-  """The Mamba-2 block: x [B, T, F] -> y [B, T, F] (see the module docstring)."""
+  """The Mamba-2 block: x [B, T, F] -> y [B, T, F].
+
+  For x [B, T, F], D_in = expand·F channels in H = D_in / P heads of P = head_dim channels,
+  N = state_size, one group (G = 1) of B and C shared by the heads, K = conv_size:
+
+    (z, x_in, B, C, δ) = x W_in             W_in [F, 2 D_in + 2N + H], no bias
+    (x, B, C)_t = SiLU(Σ_k w_k ⊙ u_{t−K+1+k} + b_conv)
+                                            u = (x_in, B, C) [D_in + 2N], w [K, D_in + 2N]
+                                            (causal depthwise convolution)
+    Δ_t = softplus(δ_t + b_dt)              [H]
+    A = −exp(A_log)                         [H]
+    h_t = exp(Δ_t A) h_{t−1} + Δ_t x_t B_tᵀ  per head: h [P, N], x_t [P], B_t [N]
+    y_t = h_t C_t + D x_t                   [P] per head, D [H]
+    o_t = RMSNorm(y_t ⊙ SiLU(z_t)) W_out     gated RMSNorm over D_in (weight, ε = 1e-5);
+                                            W_out [D_in, F], no bias
+
+  The parallel form is `ssd_chunked`; the stepwise form runs the recurrence with
+  `jax.lax.scan`, the same step as `advance`.
+
+  The carry: (the convolution's last K − 1 inputs u [B, K − 1, D_in + 2N], h [B, H, P, N]),
+  float32. A padded step (valid False; padding follows each sequence's valid steps, as
+  `valid_mask` makes it) has Δ = 0 (a decay of 1 and nothing added) in the parallel form and
+  leaves the carry as it was in the stepwise one; the convolution's carry is the last K − 1
+  inputs of the valid steps.
+
+  Initialisation (`mamba2_simple.py`): W_in, W_out, w and b_conv uniform in ±1/√fan_in
+  (torch's Linear and Conv1d; fan_in F, D_in, K); b_dt = softplus⁻¹(dt),
+  dt = exp(U[log dt_min, log dt_max]) clamped ≥ 1e-4; A_log = log U[1, 16]; D and the norm's
+  weight ones. Parameters (per direction): in_proj, conv_weight, conv_bias, dt_bias, A_log,
+  D, norm_weight, out_proj. The projections run in `dtype` (None: float32) with float32
+  accumulation; the convolution, the recurrence, the norm and the carry run in float32.
+  """
   state_size: int = 64       # N (mamba2_simple's d_state, the paper's N = 64)
   chunk_size: int = 32       # Q, parallel form (mamba_ssm's GPU kernels take 256): on a CPU
                              # as fast as 64 or faster at every shape measured, T = 1K to 16K

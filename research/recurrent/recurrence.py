@@ -1,22 +1,9 @@
 """One recurrent layer in one direction over a whole sequence, with a fused backward.
 
 `recurrence` runs a cell's equations (`equations.py`) over time the way cuDNN and oneDNN
-do, because differentiating a `lax.scan` step by step is slow on every backend:
-
-* forward: the input projection of all time steps, x W_ihᵀ, is one matrix product
-  outside the loop; the loop does one [batch, hidden] × [hidden, gates·hidden] product
-  per step and overwrites its slot of that projection with the gate activations (no
-  extra buffer, no transcendental saved twice).
-* backward (custom VJP): a reverse loop does only the recurrent product
-  d_hw W_hh and cheap products of saved activations, writing the gate gradients in
-  place of the activations; every weight gradient (W_ih, W_hh, W_hr, biases) and dx is
-  then one large matrix product over all (batch, time) pairs after the loop.
-
-Both layouts are handled in place by indexing the time axis (no transposes), and the
-reverse direction simply runs the loop from the last step to the first. With `valid`
-(PyTorch packed-sequence semantics) a step past a sequence's end leaves the state
-unchanged and outputs zeros, so a reverse pass starts at each sequence's last valid
-step and every final state is the sequence's own.
+do, because differentiating a `lax.scan` step by step is slow on every backend: the input
+projection hoisted out of the loop, the gate activations stored in its place, and a
+hand-written backward pass whose weight gradients are one matrix product each.
 """
 
 import functools
@@ -189,6 +176,21 @@ def recurrence(equations: CellEquations, x: Array, w_ih: Array, w_hh: Array, b_i
                valid: Array | None = None, time_axis: int = 1,
                reverse: bool = False) -> tuple[Array, Array, Array | None]:
   """Runs one direction of one recurrent layer over a sequence.
+
+  * forward: the input projection of all time steps, x W_ihᵀ, is one matrix product
+    outside the loop; the loop does one [batch, hidden] × [hidden, gates·hidden] product
+    per step and overwrites its slot of that projection with the gate activations (no
+    extra buffer, no transcendental saved twice).
+  * backward (custom VJP): a reverse loop does only the recurrent product
+    d_hw W_hh and cheap products of saved activations, writing the gate gradients in
+    place of the activations; every weight gradient (W_ih, W_hh, W_hr, biases) and dx is
+    then one large matrix product over all (batch, time) pairs after the loop.
+
+  Both layouts are handled in place by indexing the time axis (no transposes), and the
+  reverse direction simply runs the loop from the last step to the first. With `valid`
+  (PyTorch packed-sequence semantics) a step past a sequence's end leaves the state
+  unchanged and outputs zeros, so a reverse pass starts at each sequence's last valid
+  step and every final state is the sequence's own.
 
   Args:
     equations: the cell kind (`equations.LSTM`, `GRU`, `RNN_TANH`, `RNN_RELU`).

@@ -1,30 +1,9 @@
 """The S5 layer (Smith, Warrington & Linderman 2023, "Simplified State Space Layers for
 Sequence Modeling"): one multi-input multi-output state space model, diagonalised.
 
-Continuous time, for x [B, T, H] and P complex states:
-
-  h'(t) = Λ h(t) + B̃ x(t),   y(t) = Re(C̃ h(t)) + D ⊙ x(t)
-  Λ = Λ_re + i Λ_im [P],  B̃ [P, H] complex,  C̃ [H, P] complex,  D [H]
-
-discretised by zero-order hold with a learned time step per state, Δ = exp(log_step) [P]:
-
-  Λ̄ = exp(Λ Δ),   B̄ = ((Λ̄ − 1) / Λ) ⊙ B̃          (per state, broadcast over H)
-  h_t = Λ̄ ⊙ h_{t−1} + B̄ x_t,   y_t = s · Re(C̃ h_t) + D ⊙ x_t
-
-HiPPO-N initialisation. HiPPO-LegS, A_nk = −√((2n+1)(2k+1)) (n > k), −(n+1) (n = k), 0
-(n < k), is normal plus low rank: A = S − p pᵀ with p_n = √(n + ½), and its normal part
-S = −½ I + K (K skew-symmetric) is diagonalised as S = V Λ V* (V unitary; Λ = −½ + iω with
-ω the eigenvalues of the Hermitian −iK). Then B̃ = V⁻¹ B and C̃ = C V, with B [N, H] and
-C [H, N] (complex) drawn as LeCun truncated normals of fan-in N. With `blocks` J, the
-N-state matrix is block-diagonal with J copies of the (N/J)-state one. With conjugate
-symmetry (`conj_sym`, the paper's default) the eigenvalues come in conjugate pairs and only
-the half with Im Λ < 0 is kept, P = N/2, and s = 2 makes y real as with all N (s = 1,
-P = N otherwise). log_step ~ U(log dt_min, log dt_max), 0 < dt_min ≤ dt_max ≤ 174; D ~ N(0, 1).
-
-Parameters: Lambda_re, Lambda_im, log_step [P]; B [P, H, 2] (B̃'s real and imaginary
-parts); C [H, P, 2] ([2, H, P, 2] when bidirectional: C̃_fwd, C̃_bwd); D [H]. Running over
-sequences (parallel or stepwise, bidirectional, lengths, `step`, dtypes): see
-`diagonal_ssm.py`.
+A continuous-time system with the diagonalised HiPPO-N matrix as its initial state matrix,
+discretised by zero-order hold with a learned time step per state, run as a diagonal
+complex linear recurrence (`diagonal_ssm.py`); `S5` gives the equations and initialisation.
 """
 
 import flax.linen as nn
@@ -41,7 +20,7 @@ DT_LIMIT = 174.0
 
 def hippo_n(n: int) -> tuple[np.ndarray, np.ndarray]:
   """Λ [n] (ascending Im Λ) and unitary V [n, n] with S = V diag(Λ) V*, S the normal part of
-  the n-state HiPPO-LegS matrix (see the module docstring)."""
+  the n-state HiPPO-LegS matrix (see `S5`)."""
   scale = np.sqrt(2.0 * np.arange(n) + 1.0)
   skew = -0.5 * np.outer(scale, scale) * np.sign(np.subtract.outer(np.arange(n), np.arange(n)))
   omega, v = np.linalg.eigh(-1j * skew)
@@ -58,7 +37,34 @@ def _as_pairs(z: jax.Array) -> jax.Array:
 
 
 class S5(DiagonalSSM):
-  """S5 layer: x [B, T, H] -> y [B, T, H] (see the module docstring)."""
+  """S5 layer: x [B, T, H] -> y [B, T, H].
+
+  Continuous time, for x [B, T, H] and P complex states:
+
+    h'(t) = Λ h(t) + B̃ x(t),   y(t) = Re(C̃ h(t)) + D ⊙ x(t)
+    Λ = Λ_re + i Λ_im [P],  B̃ [P, H] complex,  C̃ [H, P] complex,  D [H]
+
+  discretised by zero-order hold with a learned time step per state, Δ = exp(log_step) [P]:
+
+    Λ̄ = exp(Λ Δ),   B̄ = ((Λ̄ − 1) / Λ) ⊙ B̃          (per state, broadcast over H)
+    h_t = Λ̄ ⊙ h_{t−1} + B̄ x_t,   y_t = s · Re(C̃ h_t) + D ⊙ x_t
+
+  HiPPO-N initialisation. HiPPO-LegS, A_nk = −√((2n+1)(2k+1)) (n > k), −(n+1) (n = k), 0
+  (n < k), is normal plus low rank: A = S − p pᵀ with p_n = √(n + ½), and its normal part
+  S = −½ I + K (K skew-symmetric) is diagonalised as S = V Λ V* (V unitary; Λ = −½ + iω
+  with ω the eigenvalues of the Hermitian −iK). Then B̃ = V⁻¹ B and C̃ = C V, with B [N, H]
+  and C [H, N] (complex) drawn as LeCun truncated normals of fan-in N. With `blocks` J, the
+  N-state matrix is block-diagonal with J copies of the (N/J)-state one. With conjugate
+  symmetry (`conj_sym`, the paper's default) the eigenvalues come in conjugate pairs and
+  only the half with Im Λ < 0 is kept, P = N/2, and s = 2 makes y real as with all N
+  (s = 1, P = N otherwise). log_step ~ U(log dt_min, log dt_max),
+  0 < dt_min ≤ dt_max ≤ 174; D ~ N(0, 1).
+
+  Parameters: Lambda_re, Lambda_im, log_step [P]; B [P, H, 2] (B̃'s real and imaginary
+  parts); C [H, P, 2] ([2, H, P, 2] when bidirectional: C̃_fwd, C̃_bwd); D [H]. Running over
+  sequences (parallel or stepwise, bidirectional, lengths, `step`, dtypes): see
+  `DiagonalSSM`.
+  """
   state_size: int = 64             # N, the HiPPO-N states (P = N/2 kept with conj_sym)
   blocks: int = 1                  # J, HiPPO-N blocks on the diagonal of the initial Λ
   conj_sym: bool = True            # keep one state of each conjugate pair, s = 2

@@ -1,23 +1,7 @@
 """The frame the selective recurrences (`Mamba`, `Mamba2`, `GLA`, `DeltaNet`) share: a
 layer over whole sequences with the interface of `LRU`, `S5` and `LinearAttention`, so that
-a block stack takes any of them in place of self-attention.
-
-A subclass writes one direction as pure functions of its weights:
-
-  weights(features)                      (@nn.compact) its parameters, each made with
-                                         `direction_param`: [directions, ...]
-  run(w, x, valid, state, parallel)      x [B, T, F], valid [B, T] bool or None, state the
-                                         carry before t = 0 (a pytree, `zero_state`'s) ->
-                                         (y [B, T, F] float32, the carry after the last
-                                         valid step); a step with valid False leaves the
-                                         carry as it was
-  advance(w, state, x_t)                 one step: x_t [B, F] -> (carry, y_t [B, F] float32)
-  zero_state(batch, features)            the carry before the first step
-  direction_parameters(features)         how many parameters one direction has
-
-and this class runs it over a sequence: checks, both directions (the reverse one reads each
-sequence backwards from its last valid step: the sequence flipped within its length, run
-forwards, flipped back), outputs zero past each length, the output dtype.
+a block stack takes any of them in place of self-attention. A subclass writes one direction
+as pure functions of its weights; `SelectiveLayer` runs it over a sequence.
 """
 
 import dataclasses
@@ -101,8 +85,25 @@ def stacked(init: nn.initializers.Initializer) -> nn.initializers.Initializer:
 
 
 class SelectiveLayer(nn.Module):
-  """x [B, T, F] -> (y [B, T, F] in `dtype`, zero past each length; the final carry). See
-  the module docstring; subclasses add their own fields and `check_options`."""
+  """x [B, T, F] -> (y [B, T, F] in `dtype`, zero past each length; the final carry);
+  subclasses add their own fields and `check_options`, and write one direction as pure
+  functions of its weights:
+
+    weights(features)                      (@nn.compact) its parameters, each made with
+                                           `direction_param`: [directions, ...]
+    run(w, x, valid, state, parallel)      x [B, T, F], valid [B, T] bool or None, state the
+                                           carry before t = 0 (a pytree, `zero_state`'s) ->
+                                           (y [B, T, F] float32, the carry after the last
+                                           valid step); a step with valid False leaves the
+                                           carry as it was
+    advance(w, state, x_t)                 one step: x_t [B, F] -> (carry, y_t [B, F] float32)
+    zero_state(batch, features)            the carry before the first step
+    direction_parameters(features)         how many parameters one direction has
+
+  and this class runs it over a sequence: checks, both directions (the reverse one reads
+  each sequence backwards from its last valid step: the sequence flipped within its length,
+  run forwards, flipped back), outputs zero past each length, the output dtype.
+  """
   state_size: int = 16             # N: the state's size per channel or head (the subclass's)
   mode: str = "parallel"           # "parallel" (over time) or "stepwise" (a carried state)
   chunk_size: int = 64             # parallel form: steps per chunk

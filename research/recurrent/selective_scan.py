@@ -1,59 +1,9 @@
 """Mamba's selective scan (Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with
-Selective State Spaces", Algorithm 2, the S6 recurrence), in parallel over time or step by
-step:
+Selective State Spaces", Algorithm 2, the S6 recurrence), in parallel over time or step by step.
 
-  h_t = exp(Δ_t ⊗ A) ⊙ h_{t−1} + (Δ_t ⊙ u_t) ⊗ B_t        h [B, D, N]
-  y_t = h_t C_t                                          y [B, T, D]
-
-  delta (Δ), u: [B, T, D]    b (B_t), c (C_t): [B, T, N]    a (A): [D, N], A < 0
-  h0: [B, D, N]              all float32
-
-Fused, as the reference CUDA kernel: a step's decay exp(Δ_t ⊗ A), its input and its state
-[D, N] are made in the loop that uses them, so only the [D]- and [N]-sized inputs and
-outputs of each step go through memory (and, for the backward pass, the states of one
-stretch of steps at a time).
-
-Padding is the caller's: a step with Δ_t = 0 leaves the state as it was (a decay of 1,
-nothing added), so with padding at the end of each sequence h_last is the state after
-the sequence's own last step.
-
-The two forms agree to rounding:
-  stepwise: one loop over the T steps (`s6_step`, which is also the layer's single step),
-  keeping the state before each step for the backward pass.
-  parallel: time cut into chunks of `chunk` steps, R = B·chunks rows run side by side one
-  step at a time: 1. each chunk from a zero start, keeping its end state E_c and Σ_{t∈c} Δ_t;
-  2. the state entering each chunk, from `jax.lax.associative_scan` over the chunks with
-  (P, E) ∘ (P', E') = (P' P, P' E + E'), P_c = exp(A ⊗ Σ_{t∈c} Δ_t) the chunk's decay (the
-  exp of a sum ≤ 0: it can underflow, never overflow); 3. each chunk again from its
-  entering state, with the outputs, keeping the state every Q = ⌈√chunk⌉ steps
-  ([T / Q, D, N] for the backward pass). The depth is 2·chunk + log(T / chunk) instead
-  of T; a chunk ≥ T is the stepwise form. Its loops hold the state as [N, D, R] (rows
-  last: a step of every chunk is one stretch of contiguous numbers, and the sums over n
-  and d are additions of whole slices, which XLA fuses into one loop).
-
-The backward pass is written out (custom VJP) and runs the same forms backwards in time:
-the state's cotangent g_t = exp(Δ_{t+1} ⊗ A) ⊙ g_{t+1} + dy_t ⊗ C_t (plus the cotangent of
-h_last at the last step), and per step, with a_t = exp(Δ_t ⊗ A) and s_t = g_t ⊙ h_{t−1} ⊙ a_t:
-  ∂C_t = h_tᵀ dy_t,  ∂B_t = g_tᵀ (Δ_t ⊙ u_t),  ∂u_t = Δ_t ⊙ (g_t B_t),
-  ∂Δ_t = u_t ⊙ (g_t B_t) + Σ_n s_t ⊙ A,  ∂A = Σ_t s_t ⊙ Δ_t,  ∂h0 = a_0 ⊙ g_0.
-The parallel form's: 1. each chunk backwards from zero (what leaves it, a_first ⊙ g_first);
-2. what enters each chunk from the one after it (the same associative scan, reversed);
-3. each chunk backwards again, a stretch of Q steps at a time: the stretch's states again
-from the state kept before it (with ∂C), then its steps backwards with the gradients.
-
-Speed on a CPU (XLA, 2 cores shared with other jobs; the Mamba layer's forward + backward
-at x [1, T, 32], D = 64, N = 16; ratio of medians of interleaved rounds): stepwise /
-parallel (chunks of 128) = 1.8 at T = 1024, 1.5 at T = 4096, 1.55 at T = 16 384
-(results/recurrent.md); before this layout, chunks of 64 in [R, D, N] and a first pass per
-chunk kept as a state per step, 1.0, 0.8 and 0.75. Not the ≥ 3× an accelerator gives: here a step costs its
-D·N numbers of work, not the loop (4096 iterations of a one-number body take < 0.1 ms;
-each fused operation of a step 0.2 to 0.5 µs), and the chunked form does more of that
-work (each chunk twice each way). Its gain over the stepwise form is its layout: the
-stepwise loops, kept as they were, hold [B, 1, D, N] (16 numbers on the last axis); in
-the [N, D, R] layout a prototype ran the scan alone in 30 ms against 46 ms kept and 37
-parallel (T = 4096, B = 1). Summing each chunk's first pass in one vectorised expression,
-Σ_t exp(A ⊗ Σ_{s>t} Δ_s) ⊙ (Δ_t u_t ⊗ B_t), was slower than its loop (XLA's CPU reduction
-built the [T, N, D] broadcast first: 12 ms against 2).
+Fused as the reference CUDA kernel is, with a hand-written backward pass; the parallel form
+runs chunks of steps side by side joined by `jax.lax.associative_scan`. `selective_scan`
+gives the equations, the two forms and the gradients.
 """
 
 import functools
@@ -400,8 +350,50 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 
 def selective_scan(delta: Array, u: Array, b: Array, c: Array, a: Array, h0: Array, *,
                    parallel: bool = True, chunk: int = 128) -> tuple[Array, Array]:
-  """y [B, T, D] and h_last [B, D, N], the state after the last step (see the module
-  docstring for the shapes and forms)."""
+  """y [B, T, D] and h_last [B, D, N], the state after the last step:
+
+    h_t = exp(Δ_t ⊗ A) ⊙ h_{t−1} + (Δ_t ⊙ u_t) ⊗ B_t        h [B, D, N]
+    y_t = h_t C_t                                          y [B, T, D]
+
+    delta (Δ), u: [B, T, D]    b (B_t), c (C_t): [B, T, N]    a (A): [D, N], A < 0
+    h0: [B, D, N]              all float32
+
+  Fused, as the reference CUDA kernel: a step's decay exp(Δ_t ⊗ A), its input and its state
+  [D, N] are made in the loop that uses them, so only the [D]- and [N]-sized inputs and
+  outputs of each step go through memory (and, for the backward pass, the states of one
+  stretch of steps at a time).
+
+  Padding is the caller's: a step with Δ_t = 0 leaves the state as it was (a decay of 1,
+  nothing added), so with padding at the end of each sequence h_last is the state after
+  the sequence's own last step.
+
+  The two forms agree to rounding:
+    stepwise: one loop over the T steps (`s6_step`, which is also the layer's single step),
+    keeping the state before each step for the backward pass.
+    parallel: time cut into chunks of `chunk` steps, R = B·chunks rows run side by side one
+    step at a time: 1. each chunk from a zero start, keeping its end state E_c and
+    Σ_{t∈c} Δ_t; 2. the state entering each chunk, from `jax.lax.associative_scan` over the
+    chunks with (P, E) ∘ (P', E') = (P' P, P' E + E'), P_c = exp(A ⊗ Σ_{t∈c} Δ_t) the
+    chunk's decay (the exp of a sum ≤ 0: it can underflow, never overflow); 3. each chunk
+    again from its entering state, with the outputs, keeping the state every
+    Q = ⌈√chunk⌉ steps ([T / Q, D, N] for the backward pass). The depth is
+    2·chunk + log(T / chunk) instead of T; a chunk ≥ T is the stepwise form. Its loops hold
+    the state as [N, D, R] (rows last: a step of every chunk is one stretch of contiguous
+    numbers, and the sums over n and d are additions of whole slices, which XLA fuses into
+    one loop). Why this layout, and its speed on a CPU: docs/recurrent.md.
+
+  The backward pass is written out (custom VJP) and runs the same forms backwards in time:
+  the state's cotangent g_t = exp(Δ_{t+1} ⊗ A) ⊙ g_{t+1} + dy_t ⊗ C_t (plus the cotangent
+  of h_last at the last step), and per step, with a_t = exp(Δ_t ⊗ A) and
+  s_t = g_t ⊙ h_{t−1} ⊙ a_t:
+    ∂C_t = h_tᵀ dy_t,  ∂B_t = g_tᵀ (Δ_t ⊙ u_t),  ∂u_t = Δ_t ⊙ (g_t B_t),
+    ∂Δ_t = u_t ⊙ (g_t B_t) + Σ_n s_t ⊙ A,  ∂A = Σ_t s_t ⊙ Δ_t,  ∂h0 = a_0 ⊙ g_0.
+  The parallel form's: 1. each chunk backwards from zero (what leaves it,
+  a_first ⊙ g_first); 2. what enters each chunk from the one after it (the same associative
+  scan, reversed); 3. each chunk backwards again, a stretch of Q steps at a time: the
+  stretch's states again from the state kept before it (with ∂C), then its steps backwards
+  with the gradients.
+  """
   if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
     raise ValueError(f"chunk must be a positive int, got {chunk!r}")
   return _scan(Inputs(delta, u, b, c), a, h0, parallel, chunk)

@@ -146,18 +146,6 @@ class Checkpoints:
       self.manager.close()
 
 
-def saved_steps(directory: str) -> list[int]:
-  """The steps of the complete checkpoints in `directory`, without opening them (Orbax
-  writes a step into a temporary directory and renames it to the step's number once
-  complete); [] where there is none."""
-  try:
-    names = os.listdir(directory)
-  except (FileNotFoundError, NotADirectoryError):
-    return []
-  return sorted(int(name) for name in names if name.isascii() and name.isdigit()
-                and os.path.isdir(os.path.join(directory, name)))
-
-
 def read_params(directory: str, step: int, like_params):
   """The parameters alone of the checkpoint of `step` in `directory`, read without writing
   anything (nothing set aside: a live run's checkpoints too), placed as like_params'

@@ -1,20 +1,6 @@
-"""Compiling the train and eval steps from shapes alone, refusing what cannot run.
-
-Every step the loop runs, and every step `--compile_only` reports, is compiled here from
-ShapeDtypeStructs of the state and the batch (nothing is initialised or transferred
-first), so that before the first step:
-
-  an implementation that cannot do the request   the attention registry's refusal, raised
-      (named kernel, head dim, …)                 when the step is traced or lowered for
-                                                  the device's platform → ConfigError
-  a step that does not fit one device            XLA's per-device bytes against the
-                                                  device's memory → ConfigError naming both
-                                                  and what each remedy would need
-                                                  (remedies.py: compiled, not guessed)
-
-`memory_bytes(device)` is the device's own limit (GPU / TPU: the allocator's bytes_limit)
-or, on a CPU, the memory the machine has available, shared by its CPU devices.
-"""
+"""Compiling the steps from shapes alone, refusing what cannot run before the first step: an
+attention the registry refuses, a step that does not fit one device (with what each remedy
+would need, compiled), and JAX's persistent compilation cache the runs share."""
 
 import contextlib
 import os
@@ -27,8 +13,8 @@ import jax
 from research.aot import report
 from research.attention.registry import ImplementationError
 from research.errors import ConfigError
-
-GIB = 2**30
+from research.files import write_probe
+from research.training.validation import apply_overrides, available_ram, gib
 
 
 def memory_bytes(device) -> int | None:
@@ -44,39 +30,6 @@ def memory_bytes(device) -> int | None:
     available = available_ram()
     return None if available is None else available // max(1, jax.local_device_count("cpu"))
   return None
-
-
-def available_ram() -> int | None:
-  """The memory this machine has available (Linux's MemAvailable), None when unknown."""
-  try:
-    with open("/proc/meminfo", encoding="ascii") as f:
-      found = re.search(r"MemAvailable:\s+(\d+) kB", f.read())
-    if found:
-      return int(found.group(1)) * 1024
-  except OSError:
-    pass
-  try:
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-  except (ValueError, OSError, AttributeError):
-    return None
-
-
-def host_memory_refusal(needed: int, sizes: str, what: str) -> str | None:
-  """'`sizes` would need … of host memory for `what`, but this machine has … available; …'
-  when `needed` bytes exceed the memory available here; None when they fit (or nothing
-  tells)."""
-  available = available_ram()
-  if available is None or needed <= available:
-    return None
-  return (f"{sizes} would need {gib(needed)} of host memory for {what}, but this machine "
-          f"has {gib(available)} available; make them smaller")
-
-
-def gib(n: int) -> str:
-  """Bytes in words: GiB, MiB below one GiB, KiB below one MiB."""
-  if n >= GIB:
-    return f"{n / GIB:.2f} GiB"
-  return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 @contextlib.contextmanager
@@ -105,7 +58,7 @@ def compile_checked(what: str, compile_step: Callable[[], object], *, limit: int
 
   what: "train" or "eval"; limit: bytes one device has (None: not checked); where: the
   device, in words, for the message; batch_size: config.train.batch_size, for the hint;
-  remedies: () -> groups of (flag, compile thunk) (`research/training/remedies.py`), each
+  remedies: () -> groups of (flag, compile thunk) (`remedies`), each
   compiled when the step does not fit, the message naming the memory each would need.
   """
   start = time.perf_counter()
@@ -173,3 +126,107 @@ class CompiledPerShape:
     """XLA's estimate of the largest compiled step's memory on one device: arguments,
     outputs, temporaries and code, less the donated buffers the outputs reuse."""
     return max(step.memory["total"] for step in self.compiled.values()) / 2**20
+
+
+# ---- Remedies: what would make a train step fit, each compiled -----------------------------
+ACCUMULATION_FACTORS = (2, 4, 8, 16)
+TRAIN_KEYS = ("train.",)          # overrides that leave the model (and its workload) as it is
+
+Remedy = tuple[str, Callable[[], object]]     # (the flag, compile() -> XLA executable)
+
+
+def candidates(config, devices: int) -> list[list[tuple[str, dict]]]:
+  """The remedies `config` admits on `devices` devices, as groups of (flag, overrides), in
+  the order tried (a group's alternatives in turn until one fits): train.grad_accum_steps
+  × 2, 4, 8, 16 while it divides each device's rows (the same update from microbatches);
+  model.remat=block where nothing is recomputed; model.dtype=bfloat16 from float32."""
+  rows, steps = config.train.batch_size // devices, config.train.grad_accum_steps
+  accumulation = [(f"--config.train.grad_accum_steps={steps * factor}",
+                   {"train.grad_accum_steps": steps * factor})
+                  for factor in ACCUMULATION_FACTORS if rows % (steps * factor) == 0]
+  groups = [accumulation] if accumulation else []
+  if config.model.get("remat") == "none":
+    groups.append([("--config.model.remat=block", {"model.remat": "block"})])
+  if config.model.get("dtype") == "float32":
+    groups.append([("--config.model.dtype=bfloat16", {"model.dtype": "bfloat16"})])
+  return groups
+
+
+def compiled_remedies(config, devices: int, workload, build_workload: Callable,
+             compile_train: Callable) -> list[list[Remedy]]:
+  """The candidates as compile thunks: compile_train(config, workload) compiles the train
+  step of a config variant; a variant that changes the model gets its own workload,
+  build_workload(variant) (its shapes, or its data where the experiment has no shapes)."""
+
+  def thunk(overrides: dict) -> Callable[[], object]:
+    def compile_variant():
+      variant = apply_overrides(config, overrides)
+      same_model = all(key.startswith(TRAIN_KEYS) for key in overrides)
+      return compile_train(variant, workload if same_model else build_workload(variant))
+    return compile_variant
+
+  return [[(flag, thunk(overrides)) for flag, overrides in group]
+          for group in candidates(config, devices)]
+
+
+# ---- JAX's persistent compilation cache (launch.py's --compilation_cache) -------------------
+# ~/.cache/research/jax (or under $XDG_CACHE_HOME) by default; JAX_COMPILATION_CACHE_DIR, when
+# set, is kept unless the flag is given.
+CACHE_DIRECTORY = os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                               os.path.join(os.path.expanduser("~"), ".cache"), "research", "jax")
+HIT_EVENT = "/jax/compilation_cache/cache_hits"   # what jax.monitoring records per hit
+_hits = [0]
+
+
+def _count_cache_hit(event: str, **kwargs) -> None:
+  del kwargs
+  if event == HIT_EVENT:
+    _hits[0] += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hit)
+
+
+def enable_cache(directory: str, given: bool = True) -> None:
+  """Keeps compiled programs in `directory` for later runs (a resume, a sweep's next point
+  load their steps instead of compiling; "" switches the cache off; JAX's thresholds apply).
+  A `directory` that was not `given` (launch.py's default) leaves JAX_COMPILATION_CACHE_DIR
+  in charge where that is set. ConfigError for a directory given (the flag, the variable) that is not
+  one or cannot be written; the default in that case switches the cache off."""
+  variable = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  if not given and variable:
+    check_cache_directory(variable, "JAX_COMPILATION_CACHE_DIR")
+    return
+  if directory and not given and unusable_cache(directory):
+    directory = ""
+  elif directory:
+    check_cache_directory(directory, "--compilation_cache")
+  jax.config.update("jax_compilation_cache_dir", directory or None)
+  jax.config.update("jax_enable_compilation_cache", bool(directory))
+
+
+def check_cache_directory(directory: str, name: str) -> None:
+  """ConfigError naming `name` and the path unless `directory` is (or can be made) a
+  directory this process can write into."""
+  reason = unusable_cache(directory)
+  if reason:
+    raise ConfigError(f"{name}={directory}: {reason}; give a directory you can write to, or "
+                      "--compilation_cache= to run without the cache")
+
+
+def unusable_cache(directory: str) -> str | None:
+  """Why `directory` cannot hold the cache (not a directory, cannot be made or written),
+  None where it can: it is made if missing, and a probe file created and removed in it."""
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    return "not a directory"
+  try:
+    os.makedirs(directory, exist_ok=True)
+    write_probe(directory)
+  except OSError as error:
+    return f"cannot be written ({error.strerror or error})"
+  return None
+
+
+def cache_hits() -> int:
+  """How many compiled programs this process has loaded from the cache so far."""
+  return _hits[0]

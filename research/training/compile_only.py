@@ -23,7 +23,7 @@ and everything is checked before the first compile: the config and every sweep p
 target (its name, its toolchain, the batch split over its devices), the workdir (not a
 file or under one, writable, not held by a live run: `research.training.workdir.hold`,
 whose lock the compile holds; not a workdir a training run of this config would refuse:
-`loop.check_config`, and `sweep.check_sweep_workdir` for a sweep's root). A step that does not fit the device, or that an attention
+`workdir.check_config`, and `sweep.check_sweep_workdir` for a sweep's root). A step that does not fit the device, or that an attention
 implementation cannot do there, is refused in one line naming what it needs and what the
 chip has; nothing is written unless every step compiled: the workdir is left as found.
 """
@@ -39,13 +39,14 @@ from research import files
 from research.aot import report, targets
 from research.attention import registry
 from research.errors import ConfigError, WorkdirError
-from research.training import parallel, remedies, train_step
+from research.training import parallel, train_step
 from research.training import workdir as workdirs
-from research.training.compile import compile_checked, gib
+from research.training.compile import compile_checked, compiled_remedies
 from research.training.experiment import Experiment
-from research.training.loop import check_config, state_shapes_and_step, validate_experiment
+from research.training.loop import state_shapes_and_step, validate_experiment
 from research.training.sweep import check_sweep_workdir, point_configs, point_name
-from research.training.validation import check_shared
+from research.training.validation import check_shared, gib
+from research.training.workdir import check_config
 
 REPORT, SUMMARY = "compile_report.json", "compile_summary.md"
 
@@ -175,7 +176,7 @@ def compile_report(config, experiment: Experiment, name: str, target: targets.Ta
     for step, fn, state in (("train", train_fn, shapes), ("eval", eval_fn, shapes.params)):
       compile_step = strategy.compile_step if step == "train" else strategy.compile_eval
       batch = strategy.abstract_batch(batches[step])
-      fixes = None if step == "eval" else lambda: remedies.remedies(
+      fixes = None if step == "eval" else lambda: compiled_remedies(
           config, len(devices), workload, experiment.build_shapes or experiment.build,
           compile_variant)
       compiled = compile_checked(step, functools.partial(compile_step, fn, state, batch),

@@ -33,46 +33,42 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
 from research import files
-from research.errors import ConfigError, RunFailed, WorkdirError
+from research.errors import ConfigError, RunFailed
 from research.training import (
-  compilation_cache,
   parallel,
-  plots,
   profiling,
   provenance,
-  remedies,
   thread_failures,
   wandb_writer,
 )
-from research.training import metrics as metrics_json
 from research.training import workdir as workdirs
-from research.training.checkpoints import Checkpoints, saved_steps
+from research.training.checkpoints import Checkpoints
 from research.training.compile import (
   CompiledPerShape,
   CompiledStep,
+  cache_hits,
   compile_checked,
+  compiled_remedies,
   memory_bytes,
   refusals_as_config_errors,
 )
-from research.training.config import read_config_json
 from research.training.experiment import Experiment
-from research.training.loss_scale import STATE_METRICS
 from research.training.metrics import (
-  METRICS_FILE,
-  TENSORBOARD,
   MetricsWriter,
   NonFiniteLossError,
   Progress,
+  plot_curves,
+  plot_heatmap,
 )
-from research.training.renamed_keys import ADDED_KEYS, RENAMED_KEYS, renamed
 from research.training.stop_agreement import StopAgreement
 from research.training.train_step import (
+  STATE_METRICS,
   init_state,
   learning_rate_schedule,
   make_eval_step,
@@ -81,19 +77,22 @@ from research.training.train_step import (
   root_key,
 )
 from research.training.validation import check_devices, check_shared
+from research.training.workdir import (
+  CHECKPOINTS,
+  CONFIG,
+  FINAL_METRICS,
+  LOSS_PLOT,
+  METRICS_FILE,
+  TENSORBOARD,
+  check_config,
+  decoded,
+  encoded,
+  flatten,
+  latest_checkpoint,
+  write_json,
+)
 
-# Keys a rerun may change and still resume the workdir's run (more steps, other hosts, how
-# an update is computed: microbatches, rematerialisation).
-RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
-                  "train.checkpoint_every", "train.keep_checkpoints", "train.profile_steps",
-                  "train.grad_accum_steps", "model.remat",
-                  "distributed.coordinator_address", "distributed.num_processes",
-                  "distributed.process_id", "wandb.mode", "wandb.project", "wandb.entity",
-                  "wandb.name")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-CONFIG, FINAL_METRICS, LOSS_PLOT, CHECKPOINTS = ("config.json", "final_metrics.json", "loss.png",
-                                                 "checkpoints")
-SWEEP_RECORD = "sweep.json"      # in a sweep's root workdir (research/training/sweep.py)
 
 
 class Stopped(Exception):
@@ -119,28 +118,6 @@ class Interrupted(Stopped):
         "to start" if latest is None else
         f"interrupted (Ctrl-C): the latest saved checkpoint is step {latest[1]} in "
         f"{latest[0]}; run the same command again to resume from it"))
-
-
-def latest_checkpoint(workdir: str) -> tuple[str, int] | None:
-  """(directory, step) of the latest complete checkpoint under `workdir`: the highest step
-  of its checkpoints/ (a run's), or of its points' (a sweep's: the point whose checkpoint
-  was written last); None where there is none."""
-  found = []
-  try:
-    points = [os.path.join(workdir, name) for name in sorted(os.listdir(workdir))]
-  except OSError:
-    points = []
-  for run in (workdir, *points):
-    directory = os.path.abspath(os.path.join(run, CHECKPOINTS))
-    steps = saved_steps(directory)
-    with contextlib.suppress(OSError):
-      if steps:
-        written = os.stat(os.path.join(directory, str(steps[-1]))).st_mtime_ns
-        found.append((run == workdir, written, directory, steps[-1]))
-  if not found:
-    return None
-  _, _, directory, step = max(found)           # a run's own before a point's, else the newest
-  return directory, step
 
 
 class WriteError(RunFailed):
@@ -208,7 +185,7 @@ def _held(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
 
 def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
            wandb_run: wandb_writer.WandbRun) -> dict:
-  train, started, cache_hits = config.train, time.perf_counter(), compilation_cache.hits()
+  train, started, hits_before = config.train, time.perf_counter(), cache_hits()
 
   # ---- Workload, optimizer, the steps compiled from shapes (refusals before anything runs) ---
   strategy = parallel.make_strategy(train.parallelism)
@@ -226,11 +203,11 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
                                  variant.train.grad_accum_steps)
 
   def remedies_for(workload, batch):
-    """The remedies a refusal of the train step for `batch` compiles (remedies.py)."""
+    """The remedies a refusal of the train step for `batch` compiles (compile.compiled_remedies)."""
     def compile_variant(variant, variant_workload):
       shapes, step_fn = train_step_of(variant, variant_workload)
       return strategy.compile_step(step_fn, shapes, strategy.abstract_rows(batch))
-    return lambda: remedies.remedies(config, jax.device_count(), workload,
+    return lambda: compiled_remedies(config, jax.device_count(), workload,
                                      experiment.build_shapes or experiment.build, compile_variant)
 
   def steps(workload):
@@ -273,7 +250,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
       print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
   with _writing(workdir):
     provenance.record(workdir, start)      # the code, versions, devices and command of this start
-  hyperparameters = _flatten(json.loads(config.to_json_best_effort()))
+  hyperparameters = flatten(json.loads(config.to_json_best_effort()))
   wandb_run.start(hyperparameters, resumed=restored is not None)
   writer = MetricsWriter(workdir, resume_step=start, config=hyperparameters, wandb_run=wandb_run)
   state = strategy.put_state(state)
@@ -311,7 +288,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
         if step % train.eval_every == 0 or step == train.num_steps:
           writer.write(step, evaluate(state))
           if jax.process_index() == 0:
-            plots.plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))
+            plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))
         if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
           checkpoints.save(step, strategy.host_state(state), workload.train_data.get_state(),
                            _to_json(unlogged))
@@ -344,13 +321,13 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
     with _writing(workdir):
       _write_report(report, workdir)
   final |= {"perf/compile_seconds": sum(train_step.seconds), "perf/train_step_traces": len(traces),
-            "perf/compile_cache_hits": compilation_cache.hits() - cache_hits,
+            "perf/compile_cache_hits": cache_hits() - hits_before,
             "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")]),
             "perf/step_memory_mib": train_step.memory_mib(), **_peak_memory_mib(),
             "perf/wall_seconds": time.perf_counter() - started}
   if jax.process_index() == 0:
     with _writing(workdir):
-      metrics_json.write_json(os.path.join(workdir, FINAL_METRICS), final)
+      write_json(os.path.join(workdir, FINAL_METRICS), final)
   heatmaps = [f"{stem}.png" for stem in report.heatmaps] if workload.report is not None else []
   wandb_run.images(train.num_steps, {os.path.splitext(name)[0]: os.path.join(workdir, name)
                                      for name in (LOSS_PLOT, *heatmaps)})
@@ -362,7 +339,7 @@ def state_shapes_and_step(workload, optimizer, schedule, strategy, init_rng, ste
                           grad_accum_steps: int):
   """(the train state's shapes as `strategy` places them, the train step of `workload`
   accumulating `grad_accum_steps` microbatches): what the loop and --compile_only compile,
-  and each remedy of a refusal (remedies.py). An attention's refusal met while tracing the
+  and each remedy of a refusal (compile.compiled_remedies). An attention's refusal met while tracing the
   init is a ConfigError."""
   with refusals_as_config_errors():           # init traces the model's attention too
     shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(workload, optimizer, r),
@@ -438,12 +415,12 @@ def _to_json(metrics: list[dict]) -> list[dict]:
   """Per-step host metrics -> JSON, each value with its dtype so that the logged mean of a
   window split by a stop and resume equals the uninterrupted one bit for bit (a non-finite
   value as metrics.py encodes it: valid JSON)."""
-  return [{k: [metrics_json.encoded(float(v)), np.asarray(v).dtype.name] for k, v in m.items()}
+  return [{k: [encoded(float(v)), np.asarray(v).dtype.name] for k, v in m.items()}
           for m in metrics]
 
 
 def _from_json(rows: list[dict]) -> list[dict]:
-  return [{k: np.asarray(metrics_json.decoded(value), dtype) for k, (value, dtype) in row.items()}
+  return [{k: np.asarray(decoded(value), dtype) for k, (value, dtype) in row.items()}
           for row in rows]
 
 
@@ -497,88 +474,17 @@ def _stop_signals():
       signal.signal(s, handler)
 
 
-def check_config(config, workdir: str) -> str | None:
-  """Refuses a workdir this config cannot run in, before anything is compiled or written:
-  a sweep's root, a config.json that cannot be read, one written under a key renamed since
-  (renamed_keys.py), and the checkpoints of a run with a different config (other than
-  RESUMABLE_KEYS). A different config whose run saved no checkpoint (it failed before the
-  first: nothing to resume) takes the workdir over: the line returned says so (None when
-  the workdir is new or this config's)."""
-  if os.path.exists(os.path.join(workdir, SWEEP_RECORD)):
-    raise WorkdirError(f"workdir {workdir} holds a sweep ({SWEEP_RECORD}, its points in "
-                       "subdirectories), not a single run; give another --workdir")
-  old = read_record(workdir, CONFIG, "the config of the run there", "to run this command's "
-                    "config there (its checkpoints are resumed)")
-  if old is None:
-    return None
-  changes = config_changes(old, json.loads(config.to_json_best_effort()), workdir)
-  if not changes:
-    return None
-  if saved_steps(os.path.join(workdir, CHECKPOINTS)):
-    raise ConfigError(f"workdir {workdir} holds checkpoints of a run with a different config "
-                      f"({changes}); use a new --workdir")
-  return (f"workdir {workdir}: its run of another config ({changes}) saved no checkpoint; "
-          f"this config takes it over ({CONFIG} replaced, the records of {METRICS_FILE} moved "
-          "to a metrics.after_step_0 file)")
-
-
-def read_record(workdir: str, name: str, records: str, deleting: str):
-  """The JSON file `name` of workdir (config.json, a sweep's sweep.json), None where there
-  is none; WorkdirError naming it when it cannot be read (config.json read as every reader
-  reads it: research.training.config.read_config_json), saying what it `records` and what
-  `deleting` it does."""
-  read = read_config_json if name == CONFIG else files.read_json   # (bounded: config.py)
-  try:
-    return read(os.path.join(workdir, name))
-  except FileNotFoundError:
-    return None
-  except (files.UnreadableFile, ConfigError) as error:
-    raise WorkdirError(f"workdir {workdir} cannot be resumed: {error}. It records {records}: "
-                       f"put back a whole copy, delete it {deleting}, or give another "
-                       "--workdir") from None
-
-
-def config_changes(old: dict, new: dict, workdir: str, ignored: Iterable[str] = ()) -> str:
-  """The keys whose values differ between the configs `old` (a workdir's, as JSON) and
-  `new`, but for RESUMABLE_KEYS and `ignored`, in words ('' when none; a key added since
-  `old` was written counts as its ADDED_KEYS value there); ConfigError if
-  `old` was written under a key renamed since (this version cannot resume it)."""
-  old, new = _flatten(old), _flatten(new)
-  for key in sorted(set(old) & set(RENAMED_KEYS) - set(new)):
-    if RENAMED_KEYS[key][0] in new:
-      raise ConfigError(f"workdir {workdir} was written with {renamed(key)}: this version "
-                        "cannot resume it (its parameters have other names too); use a new "
-                        "--workdir, or resume it with the version of the project that wrote it")
-  old |= {key: value for key, value in ADDED_KEYS.items() if key not in old and key in new}
-  changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
-                   and k not in RESUMABLE_KEYS and k not in set(ignored))
-  value = lambda flat, k: repr(flat[k]) if k in flat else "absent"
-  shown = "; ".join(f"config.{k} {value(old, k)} there, {value(new, k)} now"
-                    for k in changed[:4])
-  return shown + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
-
-
 def _write_config(config, workdir: str) -> None:
   """Writes config.json (once the steps compiled: a refused run leaves the workdir as it was)."""
   if jax.process_index() == 0:
     files.write_json(os.path.join(workdir, CONFIG), json.loads(config.to_json_best_effort()))
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat |= _flatten(value, f"{prefix}{key}.")
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
-
-
 def _write_report(report, workdir: str) -> None:
   if jax.process_index() != 0:
     return
   for stem, heatmap in report.heatmaps.items():
-    plots.plot_heatmap(heatmap, os.path.join(workdir, f"{stem}.png"))
+    plot_heatmap(heatmap, os.path.join(workdir, f"{stem}.png"))
   _write_files(report.texts, workdir)
 
 

@@ -1,85 +1,83 @@
-"""Workdir metrics: metrics.jsonl, TensorBoard events, a live progress line, and the one JSON
-encoding of every metrics file the runtime writes.
-
-Every metrics file is valid JSON (RFC 8259, which has no NaN or Infinity): metrics.jsonl,
-final_metrics.json (a run's, a sweep point's), a checkpoint's not yet logged metrics. A
-non-finite float (a float16 run's skipped step has an infinite train/grad_norm; a diverged
-metric) is written as the string "nan", "inf" or "-inf" (`dumps`; what Python's str and
-float() use, so a sweep's summary.csv reads alike), and read back as that float (`loads`,
-`decoded`, `read_json`).
-"""
+"""What a run writes as it trains: metrics.jsonl, TensorBoard events (the `tensorboard`
+package's writer, no TensorFlow), a live progress line, and PNG figures (loss curves,
+attention heatmaps; matplotlib's Agg)."""
 
 import contextlib
+import io
 import json
 import math
 import os
+import socket
 import sys
 import time
-from typing import Any
 
 import jax
+import matplotlib
 
-from research import files
-from research.errors import RunFailed
-from research.files import atomic_write
-from research.training.tensorboard import EventWriter
-from research.training.workdir import unused_path
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog  # noqa: E402
+from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: E402
+from tensorboard.plugins.text.metadata import create_summary_metadata  # noqa: E402
+from tensorboard.summary.writer.record_writer import RecordWriter  # noqa: E402
+from tensorboard.util.tensor_util import make_tensor_proto  # noqa: E402
 
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD = "tensorboard"          # the event files' directory
+from research.errors import RunFailed  # noqa: E402
+from research.files import atomic_write  # noqa: E402
+from research.training.experiment import Heatmap  # noqa: E402
+from research.training.workdir import (  # noqa: E402
+  METRICS_FILE,
+  TENSORBOARD,
+  dumps,
+  parse_record,
+  unused_path,
+)
+
 CONFIG_TABLE = "config"              # the TensorBoard tag of the config's table
-
-
-NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}   # a JSON string: the float
 
 
 class NonFiniteLossError(RunFailed, FloatingPointError):
   """The training loss became NaN or Inf."""
 
 
-def encoded(value: Any) -> Any:
-  """`value` with each non-finite float (at any depth of dicts, lists and tuples) as its
-  NON_FINITE string."""
-  if isinstance(value, float) and not math.isfinite(value):
-    return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
-  if isinstance(value, dict):
-    return {key: encoded(item) for key, item in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [encoded(item) for item in value]
-  return value
+class EventWriter:
+  """Appends scalar summaries to a new event file in `logdir`: the file version first, then
+  for a resumed run a START session log at `purge_step` (TensorBoard then drops the events at
+  steps >= purge_step an earlier writer left), then one `Summary` per call, flushed before it
+  returns. (Not tensorboard's EventFileWriter: it imports TensorFlow wherever installed, and
+  writes from a thread, so a full disk would surface a call later.)"""
 
+  def __init__(self, logdir: str, purge_step: int | None = None):
+    os.makedirs(logdir, exist_ok=True)
+    self.logdir = logdir
+    self.path = os.path.join(logdir, f"events.out.tfevents.{time.time():.0f}."
+                                     f"{socket.gethostname()}.{os.getpid()}")
+    self.records = RecordWriter(open(self.path, "ab"))
+    self._write(Event(file_version="brain.Event:2"))
+    if purge_step is not None:
+      self._write(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
 
-def decoded(value: Any) -> Any:
-  """`encoded` undone: each NON_FINITE string (at any depth) as its float."""
-  if isinstance(value, str):
-    return NON_FINITE.get(value, value)
-  if isinstance(value, dict):
-    return {key: decoded(item) for key, item in value.items()}
-  if isinstance(value, list):
-    return [decoded(item) for item in value]
-  return value
+  def _write(self, event: Event) -> None:
+    event.wall_time = time.time()
+    self.records.write(event.SerializeToString())
 
+  def scalars(self, step: int, values: dict[str, float]) -> None:
+    """One event holding every value at `step`, flushed to disk."""
+    self._write(Event(step=step, summary=Summary(value=[
+        Summary.Value(tag=tag, simple_value=value) for tag, value in values.items()])))
+    self.records.flush()
 
-def dumps(value: Any, indent: int | None = None) -> str:
-  """`value` as RFC 8259 JSON, non-finite floats `encoded` (json.dumps would write NaN or
-  Infinity, which JSON does not have)."""
-  return json.dumps(encoded(value), indent=indent, allow_nan=False)
+  def table(self, step: int, tag: str, rows: list[list[str]]) -> None:
+    """A table of strings [rows, columns] at `step`, as the text plugin shows it (TensorBoard's
+    TEXT tab draws a 2-D string tensor as a table, each cell as Markdown), flushed to disk."""
+    self._write(Event(step=step, summary=Summary(value=[Summary.Value(
+        tag=tag, metadata=create_summary_metadata(display_name=tag, description=""),
+        tensor=make_tensor_proto(np.array(rows, dtype=object)))])))
+    self.records.flush()
 
-
-def loads(text: str | bytes) -> Any:
-  """The value of a metrics file's JSON, NON_FINITE strings `decoded` (NaN or Infinity
-  tokens, written by an earlier version, read too)."""
-  return decoded(json.loads(text))
-
-
-def write_json(path: str, value: dict) -> None:
-  """A metrics file (final_metrics.json) written whole (research/files.py), `dumps`-encoded."""
-  files.write_text(path, dumps(value, indent=2) + "\n")
-
-
-def read_json(path: str) -> dict:
-  """A metrics file written by `write_json`, `decoded` (files.read_json's errors)."""
-  return decoded(files.read_json(path))
+  def close(self) -> None:
+    self.records.close()
 
 
 class MetricsWriter:
@@ -120,7 +118,7 @@ class MetricsWriter:
       lines = f.readlines()
     history, offset = [], 0
     for line in lines:
-      record = _parse(line)
+      record = parse_record(line)
       if record is None or record["step"] > step:
         break
       history.append(record)
@@ -161,29 +159,6 @@ def _naming(path: str):
     raise OSError(error.errno, error.strerror, path) from error
 
 
-def read_history(workdir: str) -> list[dict]:
-  """The complete records of the workdir's metrics.jsonl in order ([] where there is none),
-  read without writing: a live run's too, the line it is writing left out."""
-  try:
-    with open(os.path.join(workdir, METRICS_FILE), "rb") as f:
-      lines = f.readlines()
-  except FileNotFoundError:
-    return []
-  return [record for record in map(_parse, lines) if record is not None]
-
-
-def _parse(line: bytes) -> dict | None:
-  """A complete metrics.jsonl record ({"step": int, ...}), or None for a torn
-  (half-written) line or anything else."""
-  if not line.endswith(b"\n"):
-    return None
-  try:
-    record = loads(line)
-  except ValueError:
-    return None
-  return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
-
-
 class Progress:
   """One live line: step, loss, steps/s, ETA (rewritten in place on a terminal)."""
 
@@ -216,3 +191,59 @@ def _duration(seconds: float) -> str:
   minutes, seconds = divmod(int(seconds), 60)
   hours, minutes = divmod(minutes, 60)
   return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+MAX_INCHES = 40        # a heatmap's largest side (4000 pixels at 100 dpi)
+MAX_LABELS = 100       # tick labels per axis at most
+
+
+def plot_curves(history: list[dict], path: str, names=("train/loss", "eval/loss")) -> None:
+  """Draws each metric in `names` against `step` from metrics.jsonl records."""
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for name in names:
+    points = [(r["step"], r[name]) for r in history if name in r]
+    if points:
+      ax.plot(*zip(*points), label=name, marker="." if len(points) < 30 else None)
+  ax.set_xlabel("step")
+  ax.set_yscale("log" if all(r.get(n, 1) > 0 for r in history for n in names) else "linear")
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def plot_heatmap(heatmap: Heatmap, path: str) -> None:
+  """Weights [rows, cols] with token labels; rows are outputs, columns inputs. Large
+  matrices are drawn at most MAX_INCHES a side with every k-th label (MAX_LABELS at most)."""
+  values = np.asarray(heatmap.values, np.float32)
+  rows, cols = values.shape
+  fig, ax = plt.subplots(figsize=(min(MAX_INCHES, max(4, 0.3 * cols + 1.5)),
+                                  min(MAX_INCHES, max(3, 0.3 * rows + 1))))
+  image = ax.imshow(values, cmap="viridis", vmin=0, aspect="auto")
+  for set_ticks, labels in ((ax.set_xticks, heatmap.col_labels),
+                            (ax.set_yticks, heatmap.row_labels)):
+    every = -(-len(labels) // MAX_LABELS)             # a large matrix: every k-th label
+    set_ticks(range(0, len(labels), every), labels[::every], fontsize=8)
+  ax.set_xlabel("source")
+  ax.set_ylabel("output")
+  ax.set_title(heatmap.title, fontsize=9)
+  fig.colorbar(image, ax=ax)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def _save(fig, path: str) -> None:
+  """The figure as a PNG file, written whole (see research/files.py); closes it."""
+  try:
+    with atomic_write(path, "wb") as f:
+      fig.savefig(f, format="png", dpi=100)
+  finally:
+    plt.close(fig)
+
+
+def figure_png(fig) -> bytes:
+  """The figure as PNG bytes (e.g. for IPython.display.Image); closes it."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=100)
+  plt.close(fig)
+  return buffer.getvalue()

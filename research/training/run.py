@@ -57,7 +57,7 @@ there are); a step whose checkpoint cannot be read (naming those that read), or 
 of whose checkpoints reads; a config.json that cannot be read or parsed (a WorkdirError), or
 that the checks above refuse (a ConfigError naming config.json and the key: a wrong type, a
 value out of range, groups nested too deep, written under a key renamed since,
-renamed_keys.py); an experiment not registered, or registered without build_model; a config
+workdir.RENAMED_KEYS); an experiment not registered, or registered without build_model; a config
 or a checkpoint that does not fit the model today's code builds (naming the first parameter
 whose path or shape differs).
 
@@ -80,13 +80,27 @@ import ml_collections
 from research import files
 from research.errors import CheckpointMismatchError, ConfigError, UserError, WorkdirError
 from research.training import parallel, provenance
-from research.training.checkpoints import read_params, saved_steps
+from research.training.checkpoints import read_params
 from research.training.config import base_config, read_config_json
 from research.training.experiment import Experiment
-from research.training.loop import CHECKPOINTS, CONFIG, SWEEP_RECORD, _flatten, validate_experiment
-from research.training.metrics import read_history
-from research.training.renamed_keys import RENAMED_KEYS, renamed
+from research.training.loop import (
+  compiled_eval_step,
+  device_checked,
+  evaluate_batches,
+  validate,
+  validate_experiment,
+)
 from research.training.validation import check_like, check_shared_values
+from research.training.workdir import (
+  CHECKPOINTS,
+  CONFIG,
+  SWEEP_RECORD,
+  flatten,
+  read_history,
+  refuse_renamed,
+  saved_steps,
+  write_json,
+)
 
 
 class RestoreWarning(UserWarning):
@@ -227,12 +241,8 @@ def read_config(workdir: str) -> tuple[ml_collections.ConfigDict, Experiment]:
     raise WorkdirError(f"workdir {workdir} cannot be restored: {error}") from None
   except ConfigError as error:
     raise ConfigError(f"workdir {workdir} cannot be restored: {error}") from None
-  flat = _flatten(value)
-  for key in sorted(set(flat) & set(RENAMED_KEYS)):
-    if RENAMED_KEYS[key][0] not in flat:
-      raise ConfigError(f"workdir {workdir} was written with {renamed(key)}: this version "
-                        "cannot restore it (its parameters have other names too); restore it "
-                        "with the version of the project that wrote it")
+  refuse_renamed(flatten(value), workdir, "restore it with the version of the project that "
+                 "wrote it")
   refusal = f"workdir {workdir} cannot be restored: {path} does not pass today's checks"
   with _refused_as(refusal):
     config, shared = checked_shared(value)
@@ -381,3 +391,37 @@ def _as_config_error(experiment: Experiment, workdir: str):
     raise ConfigError(f"workdir {workdir}: today's {experiment.name} cannot build its run's "
                       f"model from its {CONFIG} and files ({type(error).__name__}: {line}); "
                       "restore it with the version of the project that wrote it") from error
+
+
+EVAL_FILE = "eval_step_{step}.json"   # --eval_only's, in the run's workdir
+
+
+def evaluate_checkpoint(workdir: str, step: int | None = None) -> tuple[str, dict]:
+  """--eval_only: (the path written, {"step": step, "eval/…": …, "test/…": …}) for the run
+  in workdir at the checkpoint of `step` (None: the latest that reads). eval/* is the loop's
+  periodic evaluation on the validation split, test/* the experiment's final report's
+  metrics (its files not written); on the devices at hand, in one process, nothing logged to
+  W&B, nothing written but eval_step_<step>.json, and no lock taken (a live run's workdir
+  evaluates too). What it refuses is refused before that file is written."""
+  run = restore(workdir, step)
+  path = os.path.join(workdir, EVAL_FILE.format(step=run.step))
+  writable(workdir, path, "file")    # before anything is built or compiled
+  config = base_config()             # today's shared keys, which a run of an earlier version
+  config.update(run.config)          # may lack (given their defaults)
+  config.distributed = base_config().distributed          # one process, whatever trained it
+  config.wandb = base_config().wandb                      # nothing logged to W&B
+  validate(config, run.experiment)
+  workload = run.experiment.build(config)
+  strategy = parallel.make_strategy(config.train.parallelism)
+  shapes = strategy.abstract_state(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                                run.params))
+  eval_step = compiled_eval_step(workload, strategy, shapes,
+                                 device_checked(config.train.batch_size))
+  metrics = {"step": run.step, **evaluate_batches(eval_step, strategy,
+                                                  strategy.put_state(run.params),
+                                                  workload.eval_data)}
+  if workload.report is not None:
+    metrics |= workload.report(jax.device_get(run.params)).metrics
+  if jax.process_index() == 0:
+    write_json(path, metrics)   # valid JSON, non-finite values included
+  return path, metrics

@@ -4,7 +4,7 @@ The root workdir is held as a run's is (`research.training.workdir.hold`: refuse
 live process holds it, left as found by a sweep refused before its first point starts) and
 records the sweep in sweep.json (its base config and points) once the first point starts.
 A root that holds a single run (config.json), or a sweep of other points or of another
-config (beyond loop.RESUMABLE_KEYS and the keys every point sets), is refused; the same
+config (beyond workdir.RESUMABLE_KEYS and the keys every point sets), is refused; the same
 sweep command resumes it.
 
 A point whose final_metrics.json is there and readable is done and skipped; one whose
@@ -25,20 +25,20 @@ import jax
 
 from research import files
 from research.errors import ConfigError, UserError, WorkdirError
-from research.training import metrics
 from research.training import workdir as workdirs
 from research.training.experiment import Experiment
-from research.training.loop import (
+from research.training.loop import train, validate
+from research.training.metrics import NonFiniteLossError
+from research.training.validation import apply_overrides
+from research.training.workdir import (
   CONFIG,
   FINAL_METRICS,
   SWEEP_RECORD,
   config_changes,
+  read_json,
   read_record,
-  train,
-  validate,
+  write_json,
 )
-from research.training.metrics import NonFiniteLossError
-from research.training.validation import apply_overrides
 
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
 
@@ -106,7 +106,7 @@ def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment) 
 
 def check_sweep_workdir(config, points: list[dict], workdir: str) -> None:
   """Refuses a root workdir that holds a single run (config.json), a sweep of other points
-  or of another config (its sweep.json: the keys every point sets, and loop.RESUMABLE_KEYS,
+  or of another config (its sweep.json: the keys every point sets, and workdir.RESUMABLE_KEYS,
   aside), or an entry where the sweep writes one of another kind; before anything is
   compiled or written."""
   names = [point_name(point) for point in points]
@@ -154,14 +154,14 @@ def _diverged(point_dir: str, error: NonFiniteLossError) -> dict:
   final = {"diverged": str(error)}
   if jax.process_index() == 0:
     os.makedirs(point_dir, exist_ok=True)
-    metrics.write_json(os.path.join(point_dir, FINAL_METRICS), final)
+    write_json(os.path.join(point_dir, FINAL_METRICS), final)
   return final
 
 
 def _finished(point_dir: str) -> dict | None:
   """The final metrics of a finished point, None for a point to (re)train."""
   try:
-    return metrics.read_json(os.path.join(point_dir, FINAL_METRICS))
+    return read_json(os.path.join(point_dir, FINAL_METRICS))
   except FileNotFoundError:
     return None
   except files.UnreadableFile as error:

@@ -1,7 +1,8 @@
-"""Train state, optimizer and the pure update / evaluation steps."""
+"""Train state, optimizer (AdamW, warm-up, decay, clipping; dynamic loss scaling for
+float16) and the pure update and evaluation steps."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import jax
@@ -10,7 +11,6 @@ import ml_collections
 import optax
 from jax import lax
 
-from research.training import loss_scale
 from research.training.experiment import Workload
 
 
@@ -66,7 +66,7 @@ def make_optimizer(train: ml_collections.ConfigDict,
                    dtype: str = "float32") -> optax.GradientTransformation:
   """AdamW (β₂ = adam_b2) on the schedule, after clipping the global gradient norm (if
   grad_clip_norm > 0); for a model of `dtype` float16 (config.model.dtype) wrapped in
-  dynamic loss scaling (loss_scale.py), whose state holds the loss scale.
+  dynamic loss scaling (`dynamic_loss_scale`), whose state holds the loss scale.
 
   With train.recurrence_learning_rate > 0 the recurrences' own parameters and the norms'
   (`parameter_group`) take Adam at that peak rate on the same schedule, without weight
@@ -83,7 +83,7 @@ def make_optimizer(train: ml_collections.ConfigDict,
                                                         params))
   if train.grad_clip_norm > 0:
     adamw = optax.chain(optax.clip_by_global_norm(train.grad_clip_norm), adamw)
-  return loss_scale.dynamic_loss_scale(adamw) if dtype == "float16" else adamw
+  return dynamic_loss_scale(adamw) if dtype == "float16" else adamw
 
 
 def init_state(workload: Workload, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
@@ -145,7 +145,7 @@ def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axi
   step n is fold_in(rng, n), so a resumed run draws the same dropout masks; under pmap each
   device folds in its index.
 
-  With dynamic loss scaling (an optimizer state of loss_scale.py) the gradients are those
+  With dynamic loss scaling (a `LossScaleState`) the gradients are those
   of S·loss, S read from the state, divided by S; the metrics add loss_scale and
   skipped_steps after the update (a skipped step's grad_norm is inf or NaN)."""
 
@@ -153,8 +153,8 @@ def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axi
     step_rng = jax.random.fold_in(rng, state.step)
     if axis_name is not None:
       step_rng = jax.random.fold_in(step_rng, lax.axis_index(axis_name))
-    scale = loss_scale.scale_of(state.opt_state)
-    loss_fn = workload.loss if scale is None else loss_scale.scaled(workload.loss, scale)
+    scale = scale_of(state.opt_state)
+    loss_fn = workload.loss if scale is None else scaled(workload.loss, scale)
     gradients = accumulated_gradients(loss_fn, workload.loss_weight, grad_accum_steps)
     (loss, metrics), grads = gradients(state.params, batch, step_rng)
     if scale is not None:
@@ -165,7 +165,7 @@ def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axi
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     metrics |= {"grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
     if scale is not None:
-      metrics |= loss_scale.metrics(opt_state)
+      metrics |= loss_scale_metrics(opt_state)
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), metrics
 
   return step
@@ -181,3 +181,70 @@ def make_eval_step(workload: Workload, axis_name: str | None) -> Callable:
     return sums if axis_name is None else lax.psum(sums, axis_name)
 
   return evaluate
+
+
+# ---- Dynamic loss scaling (model.dtype=float16) ----------------------------------------------
+INITIAL_SCALE = 2.0**15
+PERIOD = 2000            # consecutive finite steps after which the scale doubles
+FACTOR = 2.0             # the scale is multiplied by it (growth) or divided by it (overflow)
+# the train step's metrics of this state: the loop logs their values after a window's last
+# step (it averages the others over the window)
+STATE_METRICS = ("loss_scale", "skipped_steps")
+
+
+class LossScaleState(NamedTuple):
+  scale: jax.Array           # float32 S: the loss is multiplied by it before differentiating
+  finite_steps: jax.Array    # int32: consecutive finite steps since S last changed
+  skipped_steps: jax.Array   # int32: updates skipped so far (a gradient not finite)
+  inner_state: Any           # the wrapped optimizer's state
+
+
+def dynamic_loss_scale(inner: optax.GradientTransformation,
+                       period: int = PERIOD) -> optax.GradientTransformation:
+  """Dynamic loss scaling for model.dtype=float16: `inner` applied to g = ∇(S·L) / S only
+  where every g is finite (else the update is zero, `inner`'s state kept, S halved and the
+  skip counted); after `period` finite steps in a row S doubles (capped at float32's largest,
+  never below its smallest normal). flax's DynamicScale and optax.apply_if_finite semantics;
+  TensorFlow's defaults (S = 2¹⁵ at first, a period of 2 000). The state is part of the
+  TrainState's opt_state, so a float16 run resumes bit for bit (docs/accelerators.md)."""
+
+  def init(params):
+    return LossScaleState(jnp.asarray(INITIAL_SCALE, jnp.float32), jnp.zeros((), jnp.int32),
+                          jnp.zeros((), jnp.int32), inner.init(params))
+
+  def update(grads, state: LossScaleState, params=None):
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    updates, inner_state = lax.cond(
+        finite, lambda: inner.update(grads, state.inner_state, params),
+        lambda: (optax.tree.zeros_like(grads), state.inner_state))
+    grow = finite & (state.finite_steps + 1 >= period)
+    f32 = jnp.finfo(jnp.float32)
+    scale = jnp.where(finite,
+                      jnp.where(grow, jnp.minimum(state.scale * FACTOR, f32.max), state.scale),
+                      jnp.maximum(state.scale / FACTOR, f32.tiny))
+    finite_steps = jnp.where(finite & ~grow, state.finite_steps + 1, 0)
+    skipped = state.skipped_steps + (~finite).astype(jnp.int32)
+    return updates, LossScaleState(scale, finite_steps, skipped, inner_state)
+
+  return optax.GradientTransformation(init, update)
+
+
+def scale_of(opt_state) -> jax.Array | None:
+  """The loss scale S of a dynamic_loss_scale optimizer's state; None for any other's."""
+  return opt_state.scale if isinstance(opt_state, LossScaleState) else None
+
+
+def scaled(loss: Callable, scale: jax.Array) -> Callable:
+  """loss(params, batch, rng) -> (L, aux) as a function returning (scale · L, aux)."""
+
+  def scaled_loss(params, batch, rng):
+    value, aux = loss(params, batch, rng)
+    return scale * value, aux
+
+  return scaled_loss
+
+
+def loss_scale_metrics(opt_state: LossScaleState) -> dict:
+  """STATE_METRICS of the state after a step: {"loss_scale": S, "skipped_steps": updates
+  skipped so far}."""
+  return dict(zip(STATE_METRICS, (opt_state.scale, opt_state.skipped_steps), strict=True))

@@ -8,6 +8,7 @@ int32 (the step counter's and the data's index type; a seed, any key named seed,
 
 import math
 import os
+import re
 from collections.abc import Iterable
 
 import jax
@@ -15,11 +16,10 @@ import ml_collections
 
 from research.errors import ConfigError
 from research.training import distributed, profiling, wandb_writer
-from research.training.compile import host_memory_refusal
 from research.training.config import base_config
 from research.training.parallel import STRATEGIES
-from research.training.renamed_keys import RENAMED_KEYS, renamed
 from research.training.train_step import SCHEDULES
+from research.training.workdir import RENAMED_KEYS, renamed
 
 
 def get(config: ml_collections.ConfigDict, key: str):
@@ -88,6 +88,42 @@ def check_with(config, key: str, check) -> None:
     raise ConfigError(f"config.{key}: {error}") from None
 
 
+GIB = 2**30
+
+
+def available_ram() -> int | None:
+  """The memory this machine has available (Linux's MemAvailable), None when unknown."""
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      found = re.search(r"MemAvailable:\s+(\d+) kB", f.read())
+    if found:
+      return int(found.group(1)) * 1024
+  except OSError:
+    pass
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def host_memory_refusal(needed: int, sizes: str, what: str) -> str | None:
+  """'`sizes` would need … of host memory for `what`, but this machine has … available; …'
+  when `needed` bytes exceed the memory available here; None when they fit (or nothing
+  tells)."""
+  available = available_ram()
+  if available is None or needed <= available:
+    return None
+  return (f"{sizes} would need {gib(needed)} of host memory for {what}, but this machine "
+          f"has {gib(available)} available; make them smaller")
+
+
+def gib(n: int) -> str:
+  """Bytes in words: GiB, MiB below one GiB, KiB below one MiB."""
+  if n >= GIB:
+    return f"{n / GIB:.2f} GiB"
+  return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def check_host_memory(config, keys: Iterable[str], needed: int, what: str) -> None:
   """ConfigError when `needed` bytes of host memory (for `what`, sized by the config keys)
   exceed the memory this machine has available; the message shows the keys' values."""
@@ -127,7 +163,7 @@ def check_divides(config, divisor_key: str, key: str) -> None:
 
 
 # config.model.dtype: the dtype of matrix products (float16 with dynamic loss scaling:
-# research/training/loss_scale.py)
+# research/training/train_step.py's dynamic_loss_scale)
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 TRAIN_POSITIVE = ("num_steps", "batch_size", "grad_accum_steps", "log_every", "eval_every",
@@ -237,7 +273,7 @@ def _children(config, prefix: str) -> list[str]:
 
 def check_key(config, key: str) -> None:
   """key must name an existing leaf; the message lists the keys next to it, or names the
-  new key of a renamed one (renamed_keys.py)."""
+  new key of a renamed one (workdir.RENAMED_KEYS)."""
   parts = key.split(".")
   for depth in range(len(parts)):
     prefix = ".".join(parts[:depth])

@@ -1,41 +1,254 @@
-"""The workdir: one writer at a time, untouched by a refused run, and names that never
-replace what is set aside.
-
-A run holds an exclusive lock on `<workdir>/run.lock`. Until the run marks itself
-started (`Lease.start`, once its input is read and its steps compiled), it has written
-nothing but the lock: a run refused before that (a bad input file, a step that does not
-fit) removes the lock file and the directories it created, leaving the workdir as it
-found it, so the corrected command runs there.
-
-The lock is an `fcntl.flock` on an open file, so the operating system releases it when
-the process ends in any way (exit, crash, kill -9): a lock left by a dead process is
-simply taken over. The file holds the holder's pid, host and start time, which a
-second run names when it is refused; a run refused before it starts puts back the bytes it
-found there (and their modification time), or removes the file it created. Only process 0
-of a multi-host run locks.
-
-A workdir the run cannot write into is refused before anything compiles, every way it can
-be so (a read-only or immutable directory, a read-only file the run appends to or replaces,
-a read-only checkpoints/): `hold` creates and removes a probe file in the workdir, and
-`check_entries` in each directory the run writes that is there already, and opens each
-file the run writes that is there already for appending (which changes nothing).
-"""
+"""The workdir's rules: its file names, the config record and what a resume may change, keys
+renamed since, the metrics' history, and one writer at a time (run.lock), leaving a refused
+run's workdir as it was found (docs/running.md, "The workdir")."""
 
 import contextlib
 import datetime
 import errno
 import fcntl
+import json
+import math
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import jax
 
-from research.errors import WorkdirError
+from research import files
+from research.errors import ConfigError, WorkdirError
 from research.files import ProbeLeft, write_probe
+from research.training.config import read_config_json
 
-LOCK_FILE = "run.lock"
+# ---- File names ---------------------------------------------------------------------------
+LOCK_FILE, CONFIG, METRICS_FILE, FINAL_METRICS = ("run.lock", "config.json", "metrics.jsonl",
+                                                  "final_metrics.json")
+LOSS_PLOT, CHECKPOINTS, TENSORBOARD = "loss.png", "checkpoints", "tensorboard"
+SWEEP_RECORD = "sweep.json"      # in a sweep's root workdir (research/training/sweep.py)
 
+# ---- The config record and what a resume may change ---------------------------------------
+# Keys a rerun may change and still resume the workdir's run (more steps, other hosts, how
+# an update is computed: microbatches, rematerialisation).
+RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
+                  "train.checkpoint_every", "train.keep_checkpoints", "train.profile_steps",
+                  "train.grad_accum_steps", "model.remat",
+                  "distributed.coordinator_address", "distributed.num_processes",
+                  "distributed.process_id", "wandb.mode", "wandb.project", "wandb.entity",
+                  "wandb.name")
+# old key: (its new name, what changed); an old key on the command line, in a sweep or in a
+# workdir's config.json is refused naming the new one
+RENAMED_KEYS = {
+    "model.dropout": ("model.dropout_rate", ""),
+    "model.mlp_ratio": ("model.mlp_size", "the MLP's width itself, mlp_ratio × hidden_size"),
+    "model.cell": ("model.kind", "rnn, lstm or gru, as model.kind in every experiment"),
+    "model.local_window": ("model.window", "the half-width D of local_m / local_p"),
+}
+# key added since: the value that means what a config.json without the key ran
+ADDED_KEYS = {
+    "model.positions": "sinusoidal",          # sequence_tasks' blocks (listops and lra had it)
+    "model.mixer_gate": "none",               # nothing after the blocks' mixer
+    "train.recurrence_learning_rate": 0.0,    # one rate for every parameter
+    "model.dtype": "float32",                 # kernel_regression (the others had it)
+}
+
+
+def renamed(key: str) -> str | None:
+  """'config.<key>, now called config.<new key> (what changed)' for a renamed key, else None."""
+  if key not in RENAMED_KEYS:
+    return None
+  new, change = RENAMED_KEYS[key]
+  return f"config.{key}, now called config.{new}" + (f" ({change})" if change else "")
+
+
+def refuse_renamed(old: dict, workdir: str, action: str, new: Iterable[str] | None = None
+                   ) -> None:
+  """ConfigError if the flat config `old` of `workdir` was written under a key renamed since
+  (where `new`, the keys of today's config, is given: one whose new name it holds);
+  `action`: what the message advises."""
+  for key in sorted(set(old) & set(RENAMED_KEYS)):
+    new_name = RENAMED_KEYS[key][0]
+    if new_name not in old and (new is None or new_name in new):
+      verb = "resume" if new is not None else "restore"
+      raise ConfigError(f"workdir {workdir} was written with {renamed(key)}: this version "
+                        f"cannot {verb} it (its parameters have other names too); {action}")
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """{"a.b": value} of a nested dict (a config as JSON)."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat |= flatten(value, f"{prefix}{key}.")
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def check_config(config, workdir: str) -> str | None:
+  """Refuses a workdir this config cannot run in, before anything is compiled or written:
+  a sweep's root, a config.json that cannot be read, one written under a key renamed since,
+  and the checkpoints of a run with a different config (other than RESUMABLE_KEYS). A
+  different config whose run saved no checkpoint takes the workdir over: the line returned
+  says so (None when the workdir is new or this config's)."""
+  if os.path.exists(os.path.join(workdir, SWEEP_RECORD)):
+    raise WorkdirError(f"workdir {workdir} holds a sweep ({SWEEP_RECORD}, its points in "
+                       "subdirectories), not a single run; give another --workdir")
+  old = read_record(workdir, CONFIG, "the config of the run there", "to run this command's "
+                    "config there (its checkpoints are resumed)")
+  if old is None:
+    return None
+  changes = config_changes(old, json.loads(config.to_json_best_effort()), workdir)
+  if not changes:
+    return None
+  if saved_steps(os.path.join(workdir, CHECKPOINTS)):
+    raise ConfigError(f"workdir {workdir} holds checkpoints of a run with a different config "
+                      f"({changes}); use a new --workdir")
+  return (f"workdir {workdir}: its run of another config ({changes}) saved no checkpoint; "
+          f"this config takes it over ({CONFIG} replaced, the records of {METRICS_FILE} moved "
+          "to a metrics.after_step_0 file)")
+
+
+def read_record(workdir: str, name: str, records: str, deleting: str):
+  """The JSON file `name` of workdir (config.json, a sweep's sweep.json), None where there
+  is none; WorkdirError naming it when it cannot be read, saying what it `records` and what
+  `deleting` it does."""
+  read = read_config_json if name == CONFIG else files.read_json   # (bounded: config.py)
+  try:
+    return read(os.path.join(workdir, name))
+  except FileNotFoundError:
+    return None
+  except (files.UnreadableFile, ConfigError) as error:
+    raise WorkdirError(f"workdir {workdir} cannot be resumed: {error}. It records {records}: "
+                       f"put back a whole copy, delete it {deleting}, or give another "
+                       "--workdir") from None
+
+
+def config_changes(old: dict, new: dict, workdir: str, ignored: Iterable[str] = ()) -> str:
+  """The keys whose values differ between the configs `old` (a workdir's, as JSON) and
+  `new`, but for RESUMABLE_KEYS and `ignored`, in words ('' when none; a key added since
+  `old` was written counts as its ADDED_KEYS value there); ConfigError if `old` was written
+  under a key renamed since."""
+  old, new = flatten(old), flatten(new)
+  refuse_renamed(old, workdir, "use a new --workdir, or resume it with the version of the "
+                 "project that wrote it", new)
+  old |= {key: value for key, value in ADDED_KEYS.items() if key not in old and key in new}
+  changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                   and k not in RESUMABLE_KEYS and k not in set(ignored))
+  value = lambda flat, k: repr(flat[k]) if k in flat else "absent"
+  shown = "; ".join(f"config.{k} {value(old, k)} there, {value(new, k)} now"
+                    for k in changed[:4])
+  return shown + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+
+
+def saved_steps(directory: str) -> list[int]:
+  """The steps of the complete checkpoints in `directory`, without opening them (Orbax
+  writes a step into a temporary directory and renames it to the step's number once
+  complete); [] where there is none."""
+  try:
+    names = os.listdir(directory)
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  return sorted(int(name) for name in names if name.isascii() and name.isdigit()
+                and os.path.isdir(os.path.join(directory, name)))
+
+
+def latest_checkpoint(workdir: str) -> tuple[str, int] | None:
+  """(directory, step) of the latest complete checkpoint under `workdir`: the highest step
+  of its checkpoints/ (a run's), or of its points' (a sweep's: the point whose checkpoint
+  was written last); None where there is none."""
+  found = []
+  try:
+    points = [os.path.join(workdir, name) for name in sorted(os.listdir(workdir))]
+  except OSError:
+    points = []
+  for run in (workdir, *points):
+    directory = os.path.abspath(os.path.join(run, CHECKPOINTS))
+    steps = saved_steps(directory)
+    with contextlib.suppress(OSError):
+      if steps:
+        written = os.stat(os.path.join(directory, str(steps[-1]))).st_mtime_ns
+        found.append((run == workdir, written, directory, steps[-1]))
+  if not found:
+    return None
+  _, _, directory, step = max(found)           # a run's own before a point's, else the newest
+  return directory, step
+
+
+# ---- The metrics' history -----------------------------------------------------------------
+# Every metrics file is RFC 8259 JSON, which has no NaN or Infinity: a non-finite float (a
+# float16 run's skipped step has an infinite train/grad_norm) is the string "nan", "inf" or
+# "-inf" (what Python's str and float() use, so a sweep's summary.csv reads alike).
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def encoded(value: Any) -> Any:
+  """`value` with each non-finite float (at any depth of dicts, lists and tuples) as its
+  NON_FINITE string."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+  if isinstance(value, dict):
+    return {key: encoded(item) for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [encoded(item) for item in value]
+  return value
+
+
+def decoded(value: Any) -> Any:
+  """`encoded` undone: each NON_FINITE string (at any depth) as its float."""
+  if isinstance(value, str):
+    return NON_FINITE.get(value, value)
+  if isinstance(value, dict):
+    return {key: decoded(item) for key, item in value.items()}
+  if isinstance(value, list):
+    return [decoded(item) for item in value]
+  return value
+
+
+def dumps(value: Any, indent: int | None = None) -> str:
+  """`value` as RFC 8259 JSON, non-finite floats `encoded`."""
+  return json.dumps(encoded(value), indent=indent, allow_nan=False)
+
+
+def loads(text: str | bytes) -> Any:
+  """The value of a metrics file's JSON, NON_FINITE strings `decoded` (NaN or Infinity
+  tokens, written by an earlier version, read too)."""
+  return decoded(json.loads(text))
+
+
+def write_json(path: str, value: dict) -> None:
+  """A metrics file (final_metrics.json) written whole (research/files.py), `dumps`-encoded."""
+  files.write_text(path, dumps(value, indent=2) + "\n")
+
+
+def read_json(path: str) -> dict:
+  """A metrics file written by `write_json`, `decoded` (files.read_json's errors)."""
+  return decoded(files.read_json(path))
+
+
+def read_history(workdir: str) -> list[dict]:
+  """The complete records of the workdir's metrics.jsonl in order ([] where there is none),
+  read without writing: a live run's too, the line it is writing left out."""
+  try:
+    with open(os.path.join(workdir, METRICS_FILE), "rb") as f:
+      lines = f.readlines()
+  except FileNotFoundError:
+    return []
+  return [record for record in map(parse_record, lines) if record is not None]
+
+
+def parse_record(line: bytes) -> dict | None:
+  """A complete metrics.jsonl record ({"step": int, ...}), or None for a torn
+  (half-written) line or anything else."""
+  if not line.endswith(b"\n"):
+    return None
+  try:
+    record = loads(line)
+  except ValueError:
+    return None
+  return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+
+
+# ---- One writer at a time -----------------------------------------------------------------
 
 class Lease:
   """A held workdir; `start()` once the run begins writing into it, which first calls

@@ -26,8 +26,9 @@ from statsmodels.regression.linear_model import OLS
 from research import experiments
 from research.data import regression_1d as data
 from research.experiments import kernel_regression
-from research.training.loop import config_changes, train_and_evaluate
+from research.training.loop import train_and_evaluate
 from research.training.validation import ConfigError, apply_overrides
+from research.training.workdir import config_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
@@ -258,7 +259,7 @@ def test_a_tiny_run_learns_the_bandwidths_and_reports_every_method(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_tiny_run_in_a_lower_precision_learns_the_gaussian_bandwidth(tmp_path, dtype):
-  """float16 with dynamic loss scaling (research/training/loss_scale.py): no step skipped."""
+  """float16 with dynamic loss scaling (train_step.dynamic_loss_scale): no step skipped."""
   overrides = {"train.num_steps": 40, "train.learning_rate": 0.1, "train.log_every": 20,
                "train.eval_every": 40, "train.checkpoint_every": 40, "model.grid_size": 100,
                "model.dtype": dtype}

@@ -9,7 +9,7 @@ import pytest
 import tiny
 
 from research.errors import ConfigError
-from research.training import compilation_cache
+from research.training import compile as compilation
 
 
 @pytest.fixture
@@ -24,19 +24,19 @@ def jax_cache_settings():
 
 def test_a_directory_moves_the_cache_and_an_empty_one_switches_it_off(tmp_path,
                                                                       jax_cache_settings):
-  compilation_cache.enable(str(tmp_path))
+  compilation.enable_cache(str(tmp_path))
   assert jax.config.jax_compilation_cache_dir == str(tmp_path)
   assert jax.config.jax_enable_compilation_cache
-  compilation_cache.enable("")
+  compilation.enable_cache("")
   assert not jax.config.jax_enable_compilation_cache
 
 
 def test_the_default_leaves_jax_own_variable_in_charge(tmp_path, monkeypatch, jax_cache_settings):
   jax.config.update("jax_compilation_cache_dir", str(tmp_path / "from-the-variable"))
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "from-the-variable"))
-  compilation_cache.enable(compilation_cache.DEFAULT_DIRECTORY, given=False)
+  compilation.enable_cache(compilation.CACHE_DIRECTORY, given=False)
   assert jax.config.jax_compilation_cache_dir == str(tmp_path / "from-the-variable")
-  compilation_cache.enable(str(tmp_path / "from-the-flag"), given=True)
+  compilation.enable_cache(str(tmp_path / "from-the-flag"), given=True)
   assert jax.config.jax_compilation_cache_dir == str(tmp_path / "from-the-flag")
 
 
@@ -58,13 +58,13 @@ def test_a_cache_directory_given_that_cannot_hold_the_cache_is_refused_naming_fl
     with pytest.raises(ConfigError, match=rf"^--compilation_cache={path}: {reason}; give a "
                        "directory you can write to, or --compilation_cache= to run without "
                        "the cache$"):
-      compilation_cache.enable(str(path))
+      compilation.enable_cache(str(path))
   assert _settings() == settings                                  # JAX's settings untouched
   assert tiny.files_under(str(tmp_path)) == before               # no probe left
 
 
 def test_a_missing_cache_directory_is_made(tmp_path, jax_cache_settings):
-  compilation_cache.enable(str(tmp_path / "new" / "cache"))
+  compilation.enable_cache(str(tmp_path / "new" / "cache"))
   assert os.listdir(tmp_path / "new" / "cache") == []
   assert _settings() == (str(tmp_path / "new" / "cache"), True)
 
@@ -75,8 +75,8 @@ def test_jax_own_variable_naming_a_file_is_refused_naming_it(tmp_path, monkeypat
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "file"))
   with pytest.raises(ConfigError, match=rf"^JAX_COMPILATION_CACHE_DIR={tmp_path}/file: not a "
                      "directory;"):
-    compilation_cache.enable(compilation_cache.DEFAULT_DIRECTORY, given=False)
-  compilation_cache.enable("", given=True)                       # the flag switches it off
+    compilation.enable_cache(compilation.CACHE_DIRECTORY, given=False)
+  compilation.enable_cache("", given=True)                       # the flag switches it off
   assert not jax.config.jax_enable_compilation_cache
 
 
@@ -84,5 +84,5 @@ def test_a_default_that_cannot_hold_the_cache_switches_it_off(tmp_path, monkeypa
                                                              jax_cache_settings):
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   (tmp_path / "file").write_text("x")
-  compilation_cache.enable(str(tmp_path / "file"), given=False)
+  compilation.enable_cache(str(tmp_path / "file"), given=False)
   assert not jax.config.jax_enable_compilation_cache

@@ -13,7 +13,7 @@ import pytest
 import tiny
 
 from research.training import loop
-from research.training.checkpoints import saved_steps
+from research.training.workdir import latest_checkpoint, saved_steps
 
 # Checkpoints every 20 steps, and more steps than the test waits for.
 ENDLESS = {"train.num_steps": 100_000, "train.checkpoint_every": 20, "train.log_every": 10,
@@ -114,10 +114,10 @@ def test_a_sweeps_latest_checkpoint_is_the_point_written_last(tmp_path):
   last = _step_directories(str(tmp_path / "seed=1"), (20,))
   os.utime(os.path.join(first, "40"), ns=(10**18, 10**18))
   os.utime(os.path.join(last, "20"), ns=(2 * 10**18, 2 * 10**18))
-  assert loop.latest_checkpoint(str(tmp_path)) == (last, 20)
+  assert latest_checkpoint(str(tmp_path)) == (last, 20)
   os.utime(os.path.join(first, "40"), ns=(3 * 10**18, 3 * 10**18))
-  assert loop.latest_checkpoint(str(tmp_path)) == (first, 40)
-  assert loop.latest_checkpoint(str(tmp_path / "seed=2")) is None
+  assert latest_checkpoint(str(tmp_path)) == (first, 40)
+  assert latest_checkpoint(str(tmp_path / "seed=2")) is None
 
 
 class _Closer:

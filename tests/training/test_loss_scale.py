@@ -1,4 +1,4 @@
-"""--config.model.dtype=float16: dynamic loss scaling (research/training/loss_scale.py) in the
+"""--config.model.dtype=float16: dynamic loss scaling (train_step.dynamic_loss_scale) in the
 train step, against a float32 reference gradient, flax's DynamicScale and optax's
 apply_if_finite; float32 and bfloat16 runs keep the bare optimizer; a skipped step's
 non-finite metrics written as valid JSON."""
@@ -14,7 +14,7 @@ import pytest
 import tiny
 from flax.training.dynamic_scale import DynamicScale
 
-from research.training import loss_scale, metrics
+from research.training import train_step, workdir
 from research.training.checkpoints import Checkpoints
 from research.training.config import base_config
 from research.training.experiment import Workload
@@ -68,18 +68,18 @@ def test_the_unscaled_gradient_is_float32_s_and_would_underflow_without_the_scal
   weight, batch = 1e-6, _batch()
   reference = _workload("float32", weight)
   loss_and_grad = jax.jit(jax.value_and_grad(lambda p: reference.loss(p, batch, None)[0]))
-  optimizer = loss_scale.dynamic_loss_scale(_recorder())
+  optimizer = train_step.dynamic_loss_scale(_recorder())
   step = _step(_workload("float16", weight), optimizer)
   state = jax.jit(lambda rng: init_state(reference, optimizer, rng))(jax.random.key(0))
   expected_loss, expected = loss_and_grad(state.params)
   gradients = {}
-  for scale in (loss_scale.INITIAL_SCALE, 1.0):
+  for scale in (train_step.INITIAL_SCALE, 1.0):
     after, metrics = step(state.replace(opt_state=state.opt_state._replace(
         scale=jnp.float32(scale))), batch)
     gradients[scale] = after.opt_state.inner_state
     assert int(after.opt_state.skipped_steps) == 0
     assert float(metrics["loss"]) == pytest.approx(float(expected_loss), rel=1e-2)
-  for got, want in zip(jax.tree.leaves(gradients[loss_scale.INITIAL_SCALE]),
+  for got, want in zip(jax.tree.leaves(gradients[train_step.INITIAL_SCALE]),
                        jax.tree.leaves(expected), strict=True):
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * float(jnp.abs(want).max()))
@@ -104,7 +104,7 @@ def test_an_overflowing_step_is_skipped_and_counted_and_halves_the_scale():
           int(after.opt_state.finite_steps), int(after.step)) == (2.0**39, 1, 0, 2)
   assert (float(metrics["loss_scale"]), int(metrics["skipped_steps"])) == (2.0**39, 1)
   resumed, metrics = step(after.replace(opt_state=after.opt_state._replace(
-      scale=jnp.float32(loss_scale.INITIAL_SCALE))), batch)
+      scale=jnp.float32(train_step.INITIAL_SCALE))), batch)
   assert np.isfinite(float(metrics["grad_norm"])) and int(resumed.opt_state.finite_steps) == 1
   assert not np.array_equal(resumed.params["Dense_0"]["kernel"], after.params["Dense_0"]["kernel"])
 
@@ -115,10 +115,10 @@ def test_the_scale_follows_flax_and_the_skips_optax_apply_if_finite():
   apply_if_finite around the same Adam: the same scales, skips, updates and Adam states."""
   finite = [1, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0, 1, 1, 1, 1]
   inner = optax.adam(0.1)
-  ours, theirs = loss_scale.dynamic_loss_scale(inner, period=3), optax.apply_if_finite(inner, 99)
+  ours, theirs = train_step.dynamic_loss_scale(inner, period=3), optax.apply_if_finite(inner, 99)
   params = jnp.array([1.0, -2.0])
   our_state, their_state, dynamic = ours.init(params), theirs.init(params), DynamicScale(
-      growth_interval=2, scale=loss_scale.INITIAL_SCALE)
+      growth_interval=2, scale=train_step.INITIAL_SCALE)
   update_ours, update_theirs = jax.jit(ours.update), jax.jit(theirs.update)
   flax_step = jax.jit(lambda d, x: d.value_and_grad(lambda p: jnp.sum(p * x))(params))
   scales = []
@@ -128,7 +128,7 @@ def test_the_scale_follows_flax_and_the_skips_optax_apply_if_finite():
     expected, their_state = update_theirs(x, their_state, params)
     dynamic = flax_step(dynamic, x).dynamic_scale
     assert float(our_state.scale) == float(dynamic.scale), i
-    scales.append(float(our_state.scale) / loss_scale.INITIAL_SCALE)
+    scales.append(float(our_state.scale) / train_step.INITIAL_SCALE)
     assert int(our_state.skipped_steps) == int(their_state.total_notfinite), i
     for got, want in zip(jax.tree.leaves((updates, our_state.inner_state)),
                          jax.tree.leaves((expected, their_state.inner_state)), strict=True):
@@ -147,7 +147,7 @@ def test_other_dtypes_keep_adamws_state(dtype):
   assert jax.tree.structure(make_optimizer(train, dtype).init(params)) == want
   assert jax.tree.structure(make_optimizer(train).init(params)) == want
   scaled = make_optimizer(train, "float16").init(params)
-  assert isinstance(scaled, loss_scale.LossScaleState)
+  assert isinstance(scaled, train_step.LossScaleState)
   assert jax.tree.structure(scaled.inner_state) == want
 
 
@@ -223,11 +223,11 @@ def test_a_float16_runs_skipped_steps_write_valid_json_read_back_as_non_finite(t
   assert len(logged) == 2 and set(logged) <= {"inf", "nan"}, logged
   written = _strict((tmp_path / "final_metrics.json").read_text())
   assert written["train/grad_norm"] == logged[-1] and not np.isfinite(final["train/grad_norm"])
-  read = metrics.read_json(str(tmp_path / "final_metrics.json"))        # the round trip
+  read = workdir.read_json(str(tmp_path / "final_metrics.json"))        # the round trip
   assert read.keys() == final.keys()
   for key, value in final.items():
     assert read[key] == value or (np.isnan(value) and np.isnan(read[key])), key
-  history = metrics.read_history(str(tmp_path))
+  history = workdir.read_history(str(tmp_path))
   norms = [r["train/grad_norm"] for r in history if "train/grad_norm" in r]
   assert [str(norm) for norm in norms] == logged           # str(inf) == "inf": the same spelling
   assert all(np.isfinite(r["train/loss"]) for r in history if "train/loss" in r)

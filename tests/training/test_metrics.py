@@ -8,8 +8,9 @@ import numpy as np
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
-from research.training import loop, metrics, sweep
-from research.training.metrics import METRICS_FILE, TENSORBOARD, MetricsWriter
+from research.training import loop, sweep, workdir
+from research.training.metrics import MetricsWriter
+from research.training.workdir import METRICS_FILE, TENSORBOARD
 
 
 def _write_history(path, steps, torn_tail=b""):
@@ -81,18 +82,18 @@ def _same(a, b) -> bool:
 
 
 def test_non_finite_values_are_valid_json_strings_read_back_as_floats(tmp_path):
-  text = metrics.dumps(NON_FINITE)
+  text = workdir.dumps(NON_FINITE)
   assert _strict(text)["train/grad_norm"] == "inf" and _strict(text)["eval/x"] == "nan"
   assert _strict(text)["nested"]["values"] == [1.5, "inf", ["nan"]]
-  back = metrics.loads(text)
+  back = workdir.loads(text)
   # every non-finite float comes back; the string "inf" too reads as the float (documented)
   assert _same({**NON_FINITE, "a string": float("inf")}, back)
   assert back["diverged"] == "loss is nan at step 3" and back["finite"] == 0.1
-  assert math.isinf(metrics.loads('{"x": Infinity}')["x"])      # an earlier version's file
-  metrics.write_json(str(tmp_path / "final_metrics.json"), NON_FINITE)
+  assert math.isinf(workdir.loads('{"x": Infinity}')["x"])      # an earlier version's file
+  workdir.write_json(str(tmp_path / "final_metrics.json"), NON_FINITE)
   _strict((tmp_path / "final_metrics.json").read_text())
   assert _same({**NON_FINITE, "a string": float("inf")},
-               metrics.read_json(str(tmp_path / "final_metrics.json")))
+               workdir.read_json(str(tmp_path / "final_metrics.json")))
 
 
 def test_metrics_jsonl_records_non_finite_values_as_valid_json_and_reads_them_back(tmp_path):
@@ -103,7 +104,7 @@ def test_metrics_jsonl_records_non_finite_values_as_valid_json_and_reads_them_ba
   lines = (tmp_path / METRICS_FILE).read_text().splitlines()
   assert [_strict(line) for line in lines] == [
       {"step": 10, "train/loss": 0.5, "train/grad_norm": "inf"}, {"step": 20, "train/loss": "nan"}]
-  history = metrics.read_history(str(tmp_path))
+  history = workdir.read_history(str(tmp_path))
   assert history[0]["train/grad_norm"] == float("inf") and math.isnan(history[1]["train/loss"])
   resumed = MetricsWriter(str(tmp_path), resume_step=10)        # a resume reads them too
   resumed.close()
@@ -122,12 +123,12 @@ def test_a_checkpoints_unlogged_metrics_round_trip_bit_for_bit_as_valid_json():
 
 
 def test_a_sweep_reads_a_points_non_finite_final_metrics_back(tmp_path):
-  metrics.write_json(str(tmp_path / "final_metrics.json"), {"eval/loss": float("inf")})
+  workdir.write_json(str(tmp_path / "final_metrics.json"), {"eval/loss": float("inf")})
   assert sweep._finished(str(tmp_path)) == {"eval/loss": float("inf")}
 
 
 def test_a_notebook_reads_a_finished_runs_non_finite_final_metrics_back(tmp_path):
   from research import notebook  # noqa: PLC0415
 
-  metrics.write_json(str(tmp_path / "final_metrics.json"), {"train/grad_norm": float("inf")})
+  workdir.write_json(str(tmp_path / "final_metrics.json"), {"train/grad_norm": float("inf")})
   assert notebook.train(None, str(tmp_path)) == {"train/grad_norm": float("inf")}

@@ -11,12 +11,12 @@ import pytest
 
 from research.models import SequenceModel
 from research.training.config import base_config
-from research.training.loop import config_changes
 from research.training.train_step import (
   learning_rate_schedule,
   make_optimizer,
   parameter_group,
 )
+from research.training.workdir import config_changes
 
 
 @pytest.mark.parametrize("kind, slow", [

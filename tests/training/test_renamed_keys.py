@@ -1,4 +1,4 @@
-"""A renamed config key (research/training/renamed_keys.py) is refused naming its new name:
+"""A renamed config key (research/training/workdir.py's RENAMED_KEYS) is refused naming its new name:
 on the command line (launch.py parses each --config.KEY=VALUE with `parse_value`), in a
 sweep point, and in the config.json of a workdir written before the rename, whose files
 stay as they were."""

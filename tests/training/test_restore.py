@@ -26,9 +26,8 @@ from research.experiments import registry
 from research.training import ProvenanceWarning, provenance, restore, train_and_evaluate
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
-from research.training.eval_only import evaluate_checkpoint
 from research.training.experiment import Report
-from research.training.run import UnreadableCheckpointWarning
+from research.training.run import UnreadableCheckpointWarning, evaluate_checkpoint
 from research.training.train_step import init_state, make_optimizer
 from research.training.validation import apply_overrides
 
@@ -447,16 +446,16 @@ def test_a_config_json_edited_by_hand_is_refused_by_every_reader_naming_it_and_t
     case, trained, tmp_path, monkeypatch):
   """restore, --eval_only's evaluate_checkpoint and --export's export_run read config.json in
   one place and refuse it alike, in one line, before anything is built or written."""
-  from research.training import eval_only, export  # noqa: PLC0415
+  from research.training import export, run  # noqa: PLC0415
 
   workdir = _copy(trained, tmp_path)
   edit, message = EDITS[case]
   _edit(workdir, edit)
-  monkeypatch.setattr(eval_only, "compiled_eval_step", _unreachable)
+  monkeypatch.setattr(run, "compiled_eval_step", _unreachable)
   monkeypatch.setattr(export, "export_programs", _unreachable)
   before = tiny.files_under(workdir)
   refusals = set()
-  for reader in (restore, eval_only.evaluate_checkpoint, export.export_run):
+  for reader in (restore, run.evaluate_checkpoint, export.export_run):
     with pytest.raises(ConfigError) as refused:
       reader(workdir)
     refusals.add(str(refused.value))
@@ -553,14 +552,14 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_latest_that_reads_as_
 @pytest.mark.slow
 def test_eval_only_and_export_refuse_a_workdir_they_cannot_write_before_compiling(
     trained, tmp_path, monkeypatch):
-  from research.training import eval_only, export  # noqa: PLC0415
+  from research.training import export, run  # noqa: PLC0415
 
-  monkeypatch.setattr(eval_only, "compiled_eval_step", _unreachable)
+  monkeypatch.setattr(run, "compiled_eval_step", _unreachable)
   monkeypatch.setattr(export, "export_programs", _unreachable)
   workdir = _copy(trained, tmp_path)
   before = tiny.files_under(workdir)
   with tiny.unwritable(workdir):
-    for command in (eval_only.evaluate_checkpoint, export.export_run):
+    for command in (run.evaluate_checkpoint, export.export_run):
       with pytest.raises(WorkdirError) as refused:
         command(workdir)
       assert str(refused.value).startswith(f"workdir {workdir} cannot be written (")
@@ -571,7 +570,7 @@ def test_eval_only_and_export_refuse_a_workdir_they_cannot_write_before_compilin
       os.remove(os.path.join(workdir, name))
   os.makedirs(os.path.join(workdir, "eval_step_4.json"))
   (tmp_path / "copy" / "export_step_4").write_text("mine")
-  for command, path, kind in ((eval_only.evaluate_checkpoint, "eval_step_4.json", "file"),
+  for command, path, kind in ((run.evaluate_checkpoint, "eval_step_4.json", "file"),
                               (export.export_run, "export_step_4", "directory")):
     with pytest.raises(WorkdirError) as refused:
       command(workdir)

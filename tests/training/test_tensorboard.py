@@ -4,7 +4,7 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
-from research.training.tensorboard import EventWriter
+from research.training.metrics import EventWriter
 
 
 def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:

@@ -1,14 +1,9 @@
-"""Accelerator kernels, each registered as an attention implementation at import.
-
-  cudnn.py       NVIDIA's fused flash attention through `jax.nn` (GPU)
-  pallas_gpu.py  our flash-attention Pallas kernel, Triton lowering (GPU; interpret mode on a CPU)
-  pallas_tpu.py  Pallas TPU splash attention with our patterns as block-sparse masks (TPU;
-                 interpret mode on a CPU)
-
-They import only `research.attention.registry` and `masks` (never the dispatcher);
-`research.attention.functional` imports this package, so `implementation="auto"` finds
-them, and `research.attention.platforms` lowers each for its own platform only. The pure
-strategies and the score / pattern modules know nothing about platforms.
+"""Accelerator kernels, each registered as an attention implementation at import: cuDNN's
+fused attention (`cudnn.py`), our Triton flash attention (`pallas_gpu.py`) and splash
+attention (`pallas_tpu.py`). They import only `research.attention.registry` and `masks`,
+never the dispatcher, which imports this package so that "auto" finds them;
+`research.attention.platforms` lowers each for its own platform only, and the portable
+strategies know nothing about platforms.
 """
 
 from research.attention.kernels import cudnn, pallas_gpu, pallas_tpu  # noqa: F401

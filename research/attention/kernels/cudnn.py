@@ -1,20 +1,8 @@
 """`implementation="cudnn"`: NVIDIA's fused flash attention, through `jax.nn`.
 
 Calls `jax.nn.dot_product_attention(..., implementation="cudnn")` with our pattern in its
-terms: causal → `is_causal`, a causal window (left, 0) → `local_window_size=(left, 0)`
-(cuDNN skips the blocks outside it), key lengths → `key_value_seq_lengths`, a mask or bias
-→ cuDNN's bias. What cuDNN cannot do is refused before tracing (see `refusals`), so the
-dispatcher (`implementation="auto"`) goes on to our Pallas kernel instead:
-
-  a GPU of compute capability 8.0 or newer (not a T4: 7.5; `registry.gpu_capability`);
-  bfloat16 / float16 only; head dim a multiple of 8, at most 128 (256 needs Hopper, which
-  cannot be told before tracing); no two-sided window, no window with a bias or mask, no
-  global tokens; causal only with q_len = kv_len (cuDNN's alignment of a rectangular causal
-  mask is not `jax.nn`'s); with a bias, mask or key lengths (all a bias to cuDNN), even
-  lengths (its backward needs them).
-
-A query that sees no key (a window beyond the key lengths) returns zeros, as everywhere
-in `research.attention`; cuDNN itself leaves such rows undefined.
+terms. What cuDNN cannot do is refused before tracing (`refusals`), so the dispatcher
+(`implementation="auto"`) goes on to our Pallas kernel instead.
 """
 
 import jax
@@ -44,7 +32,14 @@ def _rows_seeing_a_key(visibility: Visibility, mask: Array | None, batch: int, q
 
 def cudnn_attention(q, k, v, *, scale, bias, mask, visibility: Visibility, block_size,
                     return_weights):
-  """The uniform implementation signature (see `research.attention.registry`)."""
+  """The uniform implementation signature (see `research.attention.registry`).
+
+  Our pattern in cuDNN's terms: causal → `is_causal`, a causal window (left, 0) →
+  `local_window_size=(left, 0)` (cuDNN skips the blocks outside it), key lengths →
+  `key_value_seq_lengths`, a mask or bias → cuDNN's bias. A query that sees no key (a
+  window beyond the key lengths) returns zeros, as everywhere in `research.attention`;
+  cuDNN itself leaves such rows undefined.
+  """
   del block_size, return_weights  # cuDNN picks its tiles; it returns no weights
   window = None if visibility.left is None else (visibility.left, 0)
   lengths = visibility.kv_lengths
@@ -70,7 +65,15 @@ def missing_here() -> str | None:
 
 
 def refusals(request: registry.Request) -> list[str]:
-  """What of `request` cuDNN's fused kernel cannot do, in words."""
+  """What of `request` cuDNN's fused kernel cannot do, in words. Beside the registered
+  capabilities (bfloat16 / float16 only, no global tokens, no block-sparse pattern):
+
+    a GPU of compute capability 8.0 or newer (not a T4: 7.5; `registry.gpu_capability`);
+    head dim a multiple of 8, at most 128 (256 needs Hopper, which cannot be told before
+    tracing); no two-sided window, no window with a bias or mask; causal only with
+    q_len = kv_len (cuDNN's alignment of a rectangular causal mask is not `jax.nn`'s); with
+    more than one query, even lengths (its backward needs them).
+  """
   reasons = registry.below_capability(request, MIN_CAPABILITY, "cuDNN's flash attention")
   if request.head_dim % 8 or request.head_dim > MAX_HEAD_DIM:
     reasons.append(f"head dim {request.head_dim} (cuDNN takes multiples of 8 up to "

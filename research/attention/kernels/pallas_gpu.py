@@ -1,64 +1,9 @@
 """`implementation="pallas_gpu"`: our flash attention in Pallas (Triton), forward and backward.
 
 Exact attention out = softmax(S) V over the visible keys, computed tile by tile without the
-[q_len, kv_len] weights. On an NVIDIA GPU the kernels are compiled by Triton; on any other
-backend they run through Pallas' interpreter (`interpret=True`), slowly but exactly, for tests.
-
-Forward, for a query tile Q_i [block_q, d] and the key tiles K_j, V_j [block_k, d] it visits:
-
-  S_ij  = scale · Q_i K_jᵀ + B_ij,  −∞ where query q does not see key k      (float32)
-  m'    = max(m, rowmax S_ij)                                                (running max)
-  ℓ'    = e^(m − m') ℓ + rowsum e^(S_ij − m')                                (running sum)
-  acc'  = e^(m − m') acc + e^(S_ij − m') V_j                                 (float32)
-  O_i   = acc / ℓ,   lse_i = m + log ℓ   (a row with ℓ = 0 sees no key: O = 0, lse = +∞)
-
-(in base 2 inside the kernels: S · log₂e and exp2, the GPU's native exponential).
-
-Backward (`jax.custom_vjp`), with P_ij = e^(S_ij − lse_i) recomputed per tile and
-D = rowsum(dO ∘ O) (an XLA einsum):
-
-  dV_j = Σ_i P_ijᵀ dO_i,  dP_ij = dO_i V_jᵀ,  dS_ij = P_ij ∘ (dP_ij − D_i)
-  dK_j = scale · Σ_i dS_ijᵀ Q_i,   dQ_i = scale · Σ_j dS_ij K_j,   dB = dS
-
-in two kernels: `_dkv_kernel` (one program per key tile and kv head, looping over the query
-tiles of the H / H_kv query heads that share the kv head) and `_dq_kernel` (one program per
-query tile and head, looping over key tiles; with a bias it also writes dS, which is summed
-over the broadcast axes of the bias: this materialises [batch, H, q_len, kv_len] float32).
-Rows with lse = +∞ (no key seen, or padding) have P = 0 and contribute nothing.
-
-Block visits. `Visibility.block_map` (static: causal, window, global tokens, a block-sparse
-pattern, kv_len) says for each (query tile, key tile) pair: 0 invisible, 1 partially visible,
-2 fully visible. At trace time `masks.visit_lists` makes it, per query tile, the list of key
-tiles to visit (partial ones first) and its two counts, int32 arrays the forward and dQ
-kernels index; the transposed map gives, per key tile, the query tiles for dK, dV. A window
-w thus costs O(L·w), causal half of full, global tokens add their rows and columns of tiles,
-a block-sparse pattern (Sparse Transformer, BigBird) its visible tiles. Partial tiles
-evaluate the pattern on position iotas (window, causality, global tokens through a bool
-table of positions, the fixed / strided rule, the end of the keys; BigBird's tiles lie
-within its blocks, so its table is all in the visit lists); every tile applies the dynamic
-part: key lengths, the user's mask and bias tiles.
-
-Tiles (`_tiles`, block_q × block_k): block_size (a power of two ≥ 16) for every kernel, else
-by the bytes of a padded head row, d · itemsize, so that the tiles and their pipeline stages
-fit in an A100's shared memory (163 KiB; checked by compiling for sm_80 and sm_90):
-
-  row bytes   e.g.                     forward    backward
-  ≤ 256       bf16 d ≤ 128, f32 d ≤ 64  128 × 64   64 × 64
-  ≤ 512       bf16 d 256, f32 d 128     64 × 32    32 × 32
-  1024        f32 d 256                 32 × 32    16 × 32
-
-each clipped to the lengths rounded up to a power of two and, for BigBird, to the largest
-power of two dividing its block B (so B must be a multiple of 16: refused otherwise).
-Lengths are padded to the tiles (padded keys masked, padded queries cut off), head dims to
-a power of two ≥ 16 with zeros.
-Triton: 4 warps up to head dim 64, else 8; 3 pipeline stages up to 64 in the forward, else 2.
-
-Supports: q [batch, q_len, H, d], k / v [batch, kv_len, H_kv, d | d_v] with H_kv dividing H
-(query head h reads kv head h // (H / H_kv)); causal, windows, global tokens, key lengths, a
-boolean mask and a bias broadcastable to [batch, H, q_len, kv_len] (gradient for the bias,
-none for the mask or lengths); float32, bfloat16, float16 (products in the input dtype,
-accumulated in float32; float32 products follow `jax.default_matmul_precision`, TF32 by
-default on a GPU); head dims up to 256.
+[q_len, kv_len] weights and visiting only the tiles some query sees. On an NVIDIA GPU the
+kernels are compiled by Triton; on any other backend they run through Pallas' interpreter
+(`interpret=True`), slowly but exactly, for tests.
 """
 
 import functools
@@ -106,7 +51,12 @@ def _power_of_two(n: int) -> int:
 
 
 # Default (forward, backward) tiles by the bytes of one padded head row (d · itemsize): the
-# tiles of q, k, v and their pipeline stages must fit in shared memory (163 KiB on an A100).
+# tiles of q, k, v and their pipeline stages must fit in shared memory (163 KiB on an A100;
+# checked by compiling for sm_80 and sm_90):
+#   row bytes   e.g.                      forward    backward
+#   ≤ 256       bf16 d ≤ 128, f32 d ≤ 64  128 × 64   64 × 64
+#   ≤ 512       bf16 d 256, f32 d 128     64 × 32    32 × 32
+#   1024        f32 d 256                 32 × 32    16 × 32
 TILES_BY_ROW_BYTES = ((256, (128, 64), (64, 64)), (512, (64, 32), (32, 32)),
                       (1024, (32, 32), (16, 32)))
 
@@ -117,8 +67,12 @@ def _largest_power_of_two_dividing(n: int) -> int:
 
 def _tiles(block_size: int | None, head_dim: int, itemsize: int, q_len: int,
            kv_len: int, nest: int | None = None) -> tuple[Tiles, Tiles]:
-  """(forward, backward) tiles for a padded head dim (see the module docstring), at most
-  the largest power of two dividing `nest` (a block-sparse pattern's blocks) if given."""
+  """(forward, backward) tiles block_q × block_k for a padded head dim: block_size (a power
+  of two ≥ 16) for every kernel, else by the bytes of a padded head row (TILES_BY_ROW_BYTES);
+  each clipped to the lengths rounded up to a power of two and, for a block-sparse pattern
+  (BigBird), to the largest power of two dividing `nest`, its block B (so B must be a
+  multiple of 16: refused otherwise). Triton: 4 warps up to head dim 64, else 8; 3 pipeline
+  stages up to 64 in the forward, else 2."""
   if block_size is not None and (block_size < MIN_TILE or block_size != _power_of_two(block_size)):
     raise ValueError(f"pallas_gpu: block_size must be a power of two >= {MIN_TILE}, "
                      f"got {block_size}")
@@ -314,7 +268,20 @@ def _call(kernel, config: Config, tiles: Tiles, grid, inputs: dict, outputs: dic
 
 def _pattern_inputs(config: Config, tiles: Tiles, padded: tuple[int, int], lengths,
                     transpose: bool) -> dict:
-  """The inputs every kernel takes: its visit lists, key lengths, global-token flags."""
+  """The inputs every kernel takes: its visit lists, key lengths, global-token flags.
+
+  `Visibility.block_map` (static: causal, window, global tokens, a block-sparse pattern,
+  kv_len) says for each (query tile, key tile) pair: 0 invisible, 1 partially visible, 2
+  fully visible. At trace time `masks.visit_lists` makes it, per query tile, the list of key
+  tiles to visit (partial ones first) and its two counts, int32 arrays the forward and dQ
+  kernels index; the transposed map gives, per key tile, the query tiles for dK, dV. A
+  window w thus costs O(L·w), causal half of full, global tokens add their rows and columns
+  of tiles, a block-sparse pattern (Sparse Transformer, BigBird) its visible tiles. Partial
+  tiles evaluate the pattern on position iotas (window, causality, global tokens through a
+  bool table of positions, the fixed / strided rule, the end of the keys; BigBird's tiles
+  lie within its blocks, so its table is all in the visit lists); every tile applies the
+  dynamic part: key lengths, the user's mask and bias tiles.
+  """
   visits, counts = visit_lists(config.pattern, (config.q_len, config.kv_len), padded,
                                (tiles.block_q, tiles.block_k), transpose)
   is_global = None
@@ -326,7 +293,18 @@ def _pattern_inputs(config: Config, tiles: Tiles, padded: tuple[int, int], lengt
 
 def _forward(config: Config, q, k, v, bias, mask, lengths) -> tuple[Array, Array]:
   """Padded q [b, Lq, H, d], k [b, Lk, H_kv, d], v [b, Lk, H_kv, d_v] → out [b, Lq, H, d_v]
-  in q's dtype and lse float32 [b, H, Lq]."""
+  in q's dtype and lse float32 [b, H, Lq].
+
+  For a query tile Q_i [block_q, d] and the key tiles K_j, V_j [block_k, d] it visits:
+
+    S_ij  = scale · Q_i K_jᵀ + B_ij,  −∞ where query q does not see key k      (float32)
+    m'    = max(m, rowmax S_ij)                                                (running max)
+    ℓ'    = e^(m − m') ℓ + rowsum e^(S_ij − m')                                (running sum)
+    acc'  = e^(m − m') acc + e^(S_ij − m') V_j                                 (float32)
+    O_i   = acc / ℓ,   lse_i = m + log ℓ   (a row with ℓ = 0 sees no key: O = 0, lse = +∞)
+
+  (in base 2 inside the kernels: S · log₂e and exp2, the GPU's native exponential).
+  """
   batch, q_len, heads, _ = q.shape
   group = heads // k.shape[2]
   tiles = config.forward
@@ -346,7 +324,19 @@ def _forward(config: Config, q, k, v, bias, mask, lengths) -> tuple[Array, Array
 
 def _backward(config: Config, q, k, v, bias, mask, lengths, out, lse, d_out):
   """dq, dk, dv (and dbias float32 [b, H, Lq, Lk] when there is a bias, else None) of the
-  padded arrays; lse is +∞ on rows that contribute nothing."""
+  padded arrays; lse is +∞ on rows that contribute nothing.
+
+  With P_ij = e^(S_ij − lse_i) recomputed per tile and D = rowsum(dO ∘ O) (an XLA einsum):
+
+    dV_j = Σ_i P_ijᵀ dO_i,  dP_ij = dO_i V_jᵀ,  dS_ij = P_ij ∘ (dP_ij − D_i)
+    dK_j = scale · Σ_i dS_ijᵀ Q_i,   dQ_i = scale · Σ_j dS_ij K_j,   dB = dS
+
+  in two kernels: `_dkv_kernel` (one program per key tile and kv head, looping over the query
+  tiles of the H / H_kv query heads that share the kv head) and `_dq_kernel` (one program per
+  query tile and head, looping over key tiles; with a bias it also writes dS, which is summed
+  over the broadcast axes of the bias: this materialises [batch, H, q_len, kv_len] float32).
+  Rows with lse = +∞ (no key seen, or padding) have P = 0 and contribute nothing.
+  """
   batch, q_len, heads, _ = q.shape
   kv_len, kv_heads = k.shape[1], k.shape[2]
   group = heads // kv_heads
@@ -446,6 +436,15 @@ def pallas_gpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
   bias / mask: None or [batch | 1, H | 1, q_len | 1, kv_len | 1]. Returns
   [batch, q_len, H, d_v] in q's dtype. `interpret`: run Pallas' interpreter
   (the dispatcher sets it for the CPU branch) instead of the Triton kernels.
+
+  Supports H_kv dividing H (query head h reads kv head h // (H / H_kv)); causal, windows,
+  global tokens, key lengths, a boolean mask and a bias (gradient for the bias, none for
+  the mask or lengths); float32, bfloat16, float16 (products in the input dtype,
+  accumulated in float32; float32 products follow `jax.default_matmul_precision`, TF32 by
+  default on a GPU); head dims up to 256. Lengths are padded to the tiles (`_tiles`; padded
+  keys masked, padded queries cut off), head dims to a power of two ≥ 16 with zeros. The
+  forward and backward kernels are `_forward` and `_backward`; `_pattern_inputs` says which
+  tiles they visit.
   """
   del return_weights  # never asked for: returns_weights=False
   batch, q_len, heads, head_dim = q.shape

@@ -1,56 +1,9 @@
 """`implementation="pallas_tpu"`: splash attention (Pallas TPU), forward and backward.
 
-Computes out = softmax(scale · q kᵀ over visible keys) v with JAX's splash attention kernels
-(`jax.experimental.pallas.ops.tpu.splash_attention`): a flash-attention forward and its two
-backward kernels (dq; dk and dv), all visiting only the (block_q × block_kv) tiles in which
-some query sees some key. On a TPU the kernels are compiled by Mosaic; on any other backend
-they run through Pallas' interpreter (`interpret=True`), slowly but exactly: registered as
-interpreted on the CPU, for tests (taken by name, never by "auto").
-
-Our pattern as splash sees it. A `Visibility` (see `research.attention.masks`) lets query i
-see key j when
-
-  j < kv_lengths[b]  and  (not causal or j ≤ i)  and  (−left ≤ j − i ≤ right  or  i ∈ G  or  j ∈ G)
-
-(or, with a block-sparse pattern, its rule in place of the window and global tokens)
-
-  static part (causal, window, global tokens G, the unpadded kv_len)
-      → `PatternMask`, a splash `_ComputableMask`: splash derives from it which tiles are
-        empty, full or partial (its `MaskInfo`, built once per pattern and shape and cached)
-        and the kernel evaluates the same rule on the positions of a partial tile, so no
-        [q_len, kv_len] array exists anywhere. G is kept as runs of consecutive positions
-        (two comparisons per run). Without any static constraint: splash's `FullMask`.
-  a block-sparse pattern (Sparse Transformer's fixed / strided, BigBird; `block_sparse`)
-      → `SparseMask`, a plain splash `Mask` that splash reads tile by tile on the host: the
-        empty tiles are skipped, the full ones need no mask, and the distinct partial tiles
-        (a handful: the patterns repeat; for BigBird the tiles are max(128, gcd(512, B))
-        long, so they hold whole blocks) are kept for the kernel: O(n) in all.
-  key lengths (per batch element, traced)
-      → segment ids: every query has id 0, key j has id 0 if j < kv_lengths[b] else 1.
-  heads
-      → splash's MHA kernel takes k, v with H_kv heads dividing H (query head h reads kv
-        head h // (H / H_kv)), which is our grouped-query attention; vmap over the batch.
-  scale
-      → splash does not scale: q is multiplied by `scale` first (q, k, v promoted to one
-        dtype; the output is cast to q's).
-
-A query that sees no key (its window lies beyond the key lengths, or kv_lengths = 0) gets
-zeros: splash leaves such rows undefined (an average of masked values, or NaN where no tile
-of the row is visited), so they are replaced after the kernel; their cotangent is then
-zero and contributes nothing to dq, dk, dv.
-
-Blocks: q_len and kv_len are padded up to multiples of block_q = min(block, q_len rounded
-up to 128) and block_kv (the same for kv_len), `block = block_size or 512`, which must be a
-multiple of 128 (the TPU lane width); padded keys are masked by the static mask, padded
-queries cut off. The backward kernels use the same tiles (dq and dkv kernels separately).
-
-Limits: no bias and no arbitrary mask (registered mask=False, bias=False); float32 and
-bfloat16; head dims that are multiples of 64 (64, 128, 192, 256 are what splash's own TPU
-tests cover); TPU v4 or newer. Building `MaskInfo` evaluates the pattern tile by tile on the
-host: at L = 32768 with 512-tiles, about 1 s for a causal window and a few seconds with
-scattered global tokens, once per pattern and shape (`functools.lru_cache`); at L = 16384
-about 1.5 s for BigBird (B = 64, tiles of 128) or the fixed pattern, 10 s for the strided
-one (every tile within causality is partial and evaluated).
+JAX's splash attention kernels (`jax.experimental.pallas.ops.tpu.splash_attention`), with
+our patterns as their static masks, visit only the tiles in which some query sees some key.
+On a TPU they are compiled by Mosaic; on any other backend they run through Pallas'
+interpreter, slowly but exactly: registered as interpreted on the CPU, for tests.
 """
 
 import functools
@@ -189,7 +142,8 @@ class SparseMask(splash_attention_mask.Mask):
 
 def splash_mask(visibility: Visibility, padded: tuple[int, int],
                 kv_len: int) -> splash_attention_mask.Mask:
-  """The static part of `visibility` on the padded [q_len, kv_len] grid (see module doc)."""
+  """The static part of `visibility` on the padded [q_len, kv_len] grid (see
+  `pallas_tpu_attention`)."""
   if visibility.sparsity is not None:
     return SparseMask(padded, visibility, kv_len)
   if visibility.left is None and visibility.right is None and kv_len == padded[1]:
@@ -202,7 +156,11 @@ def _kernel(mask: splash_attention_mask.Mask, heads: int, block_q: int, block_kv
             interpret: bool) -> splash_attention_kernel.SplashAttentionKernel:
   """splash's MHA kernel (forward and custom VJP) for `mask` on every head; its block
   information is computed here, once per pattern, shape and tiling, as concrete arrays even
-  when called under `jit` (the cached kernel must hold no tracer)."""
+  when called under `jit` (the cached kernel must hold no tracer). Building it (splash's
+  `MaskInfo`) evaluates the pattern tile by tile on the host: at L = 32768 with 512-tiles,
+  about 1 s for a causal window and a few seconds with scattered global tokens; at
+  L = 16384 about 1.5 s for BigBird (B = 64, tiles of 128) or the fixed pattern, 10 s for
+  the strided one (every tile within causality is partial and evaluated)."""
   tiles = splash.BlockSizes(
       block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
       block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
@@ -255,7 +213,54 @@ def pallas_tpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, ma
 
   q: [batch, q_len, H, d]; k: [batch, kv_len, H_kv, d]; v: [batch, kv_len, H_kv, d_v].
   Returns [batch, q_len, H, d_v] in q's dtype. `interpret`: run Pallas' interpreter
-  (the dispatcher sets it for the CPU branch) instead of Mosaic.
+  (the dispatcher sets it for the CPU branch) instead of Mosaic. Splash computes
+  out = softmax(scale · q kᵀ over visible keys) v: a flash-attention forward and its two
+  backward kernels (dq; dk and dv), all visiting only the (block_q × block_kv) tiles in
+  which some query sees some key.
+
+  Our pattern as splash sees it. A `Visibility` (see `research.attention.masks`) lets query
+  i see key j when
+
+    j < kv_lengths[b]  and  (not causal or j ≤ i)  and  (−left ≤ j − i ≤ right  or  i ∈ G
+                                                         or  j ∈ G)
+
+  (or, with a block-sparse pattern, its rule in place of the window and global tokens)
+
+    static part (causal, window, global tokens G, the unpadded kv_len)
+        → `PatternMask`, a splash `_ComputableMask`: splash derives from it which tiles are
+          empty, full or partial (its `MaskInfo`, built once per pattern and shape and
+          cached) and the kernel evaluates the same rule on the positions of a partial tile,
+          so no [q_len, kv_len] array exists anywhere. G is kept as runs of consecutive
+          positions (two comparisons per run). Without any static constraint: splash's
+          `FullMask`.
+    a block-sparse pattern (Sparse Transformer's fixed / strided, BigBird; `block_sparse`)
+        → `SparseMask`, a plain splash `Mask` that splash reads tile by tile on the host:
+          the empty tiles are skipped, the full ones need no mask, and the distinct partial
+          tiles (a handful: the patterns repeat; for BigBird the tiles are
+          max(128, gcd(512, B)) long, so they hold whole blocks) are kept for the kernel:
+          O(n) in all.
+    key lengths (per batch element, traced)
+        → segment ids: every query has id 0, key j has id 0 if j < kv_lengths[b] else 1.
+    heads
+        → splash's MHA kernel takes k, v with H_kv heads dividing H (query head h reads kv
+          head h // (H / H_kv)), which is our grouped-query attention; vmap over the batch.
+    scale
+        → splash does not scale: q is multiplied by `scale` first (q, k, v promoted to one
+          dtype; the output is cast to q's).
+
+  A query that sees no key (its window lies beyond the key lengths, or kv_lengths = 0) gets
+  zeros: splash leaves such rows undefined (an average of masked values, or NaN where no
+  tile of the row is visited), so they are replaced after the kernel; their cotangent is
+  then zero and contributes nothing to dq, dk, dv.
+
+  Blocks: q_len and kv_len are padded up to multiples of block_q = min(block, q_len rounded
+  up to 128) and block_kv (the same for kv_len), `block = block_size or 512`, which must be
+  a multiple of 128 (the TPU lane width); padded keys are masked by the static mask, padded
+  queries cut off. The backward kernels use the same tiles (dq and dkv kernels separately).
+
+  Limits: no bias and no arbitrary mask (registered mask=False, bias=False); float32 and
+  bfloat16; head dims that are multiples of 64 (64, 128, 192, 256 are what splash's own TPU
+  tests cover); TPU v4 or newer.
   """
   del return_weights  # never asked for: returns_weights=False
   if bias is not None or mask is not None:
