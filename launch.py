@@ -71,16 +71,16 @@ with jax_start.held_back(VERBOSE_FLAG not in sys.argv):   # JAX's plugins log on
   from research.training import (
     Stopped,
     compile,
-    distributed,
+    parallel,
     run_sweep,
     thread_failures,
     train_and_evaluate,
   )
   from research.training.compile_only import REPORT, SUMMARY, compile_sweep, table, target_name
+  from research.training.config import check_base_keys, check_key, get, parse_value
   from research.training.export import export_run
   from research.training.loop import Interrupted
   from research.training.run import RestoreWarning, evaluate_checkpoint
-  from research.training.validation import check_base_keys, check_key, get, parse_value
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "nmt_dates.py")
@@ -355,7 +355,7 @@ def train_or_compile(config, module, name: str, verbose: bool, target: str | Non
     compile_for(target, config, module, workdir, experiment, verbose)
     return
   TRAINING["workdir"] = workdir
-  distributed.initialize(config)
+  parallel.initialize(config)
   start_backends(verbose)
   if _SWEEP.value:
     run_sweep(config, sweep_points(module, config), workdir, experiment)

@@ -55,7 +55,7 @@ with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
   jax_start.cpu_unless_accelerators()
   import jax
 
-  from research.training import profiling
+  from research.training import metrics
 
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 # Seconds each section may take (the main job: each dtype; the adding run beside the suite).
@@ -145,10 +145,10 @@ def lra_profile(artifacts: str) -> str:
              f"--config.data.dir={os.path.join(artifacts, 'data')}", *LRA_PROFILE]
   output, seconds, status = run(command, LIMITS["profile"], os.path.join(artifacts, "profile.log"))
   text = [f"`{' '.join(command[1:])}` — {seconds:.0f} s, exit {status}", ""]
-  traces = profiling.trace_files(workdir)
+  traces = metrics.trace_files(workdir)
   if status or not traces:
     return "\n".join([*text, "```", output.strip()[-3000:], "```"])
-  found = profiling.summary(traces[-1])
+  found = metrics.profile_summary(traces[-1])
   text += ["Steps: " + ", ".join(f"{step}: {ms:.1f} ms" for step, ms in found["steps"]), "",
            "| operation | total ms | count |", "|---|---|---|"]
   text += [f"| `{name[:90]}` | {ms:.2f} | {count} |" for name, ms, count in found["operations"]]

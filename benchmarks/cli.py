@@ -147,7 +147,7 @@ def check_memory(parser: Parser, needed: int, sizes: str, what: str) -> None:
   (an estimate: the largest inputs and what is built from them) where this machine has
   less available; `sizes` names the arguments ('--batch=…, --lengths=…'), `what` what the
   bytes are for."""
-  from research.training.validation import host_memory_refusal  # noqa: PLC0415 - imports JAX
+  from research.training.config import host_memory_refusal  # noqa: PLC0415 - imports JAX
 
   if refusal := host_memory_refusal(needed, sizes, what):
     parser.error(refusal)

@@ -37,7 +37,7 @@ with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
   from research.errors import ConfigError
   from research.models.self_attention import SELF_ATTENTIONS
   from research.training.compile_only import compile_only
-  from research.training.validation import gib
+  from research.training.config import gib
 
 LRA_BF16 = {"model.dtype": "bfloat16"}
 EXPERIMENTS = {

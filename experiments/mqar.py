@@ -61,8 +61,7 @@ import numpy as np
 
 from research.models.recurrent_mixer import SELECTIVE, recurrence_defaults
 from research.models.self_attention import CAUSAL_ATTENTIONS
-from research.training.config import base_config, parse_variants
-from research.training.validation import ConfigError
+from research.training.config import ConfigError, base_config, parse_variants
 
 FAMILIES = {
     "attention": tuple(name for name in CAUSAL_ATTENTIONS if name not in ("linear", "performer")),

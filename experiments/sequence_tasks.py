@@ -77,8 +77,7 @@ Variant arguments (comma-separated key=value):
 import ml_collections
 
 from research.models.recurrent_mixer import LINEAR_RECURRENT, recurrence_defaults
-from research.training.config import base_config, parse_variants
-from research.training.validation import ConfigError
+from research.training.config import ConfigError, base_config, parse_variants
 
 # Per task: the default distance T, the items K (symbols to copy, key-value pairs; unused
 # by the adding problem) and the depth (recall needs two transformer blocks: one to bind

@@ -59,7 +59,7 @@ import numpy as np
 from IPython.display import Image, Markdown, display
 
 from research.training.metrics import figure_png
-from research.training.validation import apply_overrides
+from research.training.config import apply_overrides
 
 QUICK, experiment, workdir = notebook.setup(root, "mqar", runs="mqar_cpu")
 config = experiment.get_config("preset=cpu")

@@ -1,15 +1,12 @@
 """Starting JAX quietly, on the CPU alone where no accelerator is visible.
 
-A JAX with compile-only toolchains installed (the `aot` extra: the CUDA plugin, libtpu)
-logs from C++ to file descriptor 2 when it is imported and when its backends start on a
-machine without those accelerators ("Could not find cuda drivers", "could not determine
-TPU accelerator type"). `launch.py` promises one line per user error, so without
-`--verbose` it runs those two moments inside `held_back()`: what is written to fd 2 goes
-to a temporary file, shown only if the block ends in a crash (an exception that is none of
-our one-line errors, `OURS`: then the logs may say why).
+The compile-only toolchains (the `aot` extra: the CUDA plugin, libtpu) log from C++ to fd 2
+on import and when backends start without their chips; `launch.py` (without --verbose) runs
+those moments in `held_back()`: fd 2 goes to a file, shown only after a crash (not `OURS`).
 """
 
 import contextlib
+import glob
 import os
 import sys
 import tempfile
@@ -62,10 +59,36 @@ def cpu_unless_accelerators() -> None:
   compilers (what `research.aot` compiles with) without probing for devices that are not
   there. Call before JAX's backends start."""
   import jax  # noqa: PLC0415 - this module imports nothing of JAX at import
-  from jax._src import hardware_utils  # noqa: PLC0415 - JAX's own probe, starts nothing
 
   if jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS"):
     return
-  if not (hardware_utils.has_visible_nvidia_gpu()
-          or hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0):
+  if visible_accelerator() == "none":
     jax.config.update("jax_platforms", "cpu")
+
+
+# The facts JAX's own probe reads (its hardware_utils, JAX 0.10.2; private): an NVIDIA
+# driver's device files (/dev/dxg: WSL2), and Google's PCI vendor id with a TPU chip's device
+# id (v3 to TPU7x). A chip newer than this list: set JAX_PLATFORMS=tpu.
+NVIDIA_DEVICE_FILES = ("dev/nvidia0", "dev/nvidiactl", "dev/dxg")
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076")
+
+
+def visible_accelerator(root: str = "/") -> str:
+  """'gpu' (an NVIDIA driver's device file), 'tpu' (a TPU chip on the PCI bus) or 'none', from
+  the files under `root` alone: no backend starts, no driver is loaded."""
+  if any(os.path.exists(os.path.join(root, path)) for path in NVIDIA_DEVICE_FILES):
+    return "gpu"
+  for vendor in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
+    if (_read(vendor) == GOOGLE_PCI_VENDOR
+        and _read(os.path.join(os.path.dirname(vendor), "device")) in TPU_PCI_DEVICES):
+      return "tpu"
+  return "none"
+
+
+def _read(path: str) -> str:
+  try:
+    with open(path) as f:
+      return f.read().strip()
+  except OSError:     # a device gone while we look
+    return ""

@@ -243,10 +243,10 @@ def test_a_benchmarks_memory_check_passes_its_defaults_and_refuses_them_on_a_sma
   benchmark refuses them in one line naming the sizes."""
   monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
   monkeypatch.chdir(ROOT)
-  from research.training import validation  # noqa: PLC0415
+  from research.training import config as checks  # noqa: PLC0415
 
   for available, refused in ((8 * 2**30, False), (4 * 2**20, True)):
-    monkeypatch.setattr(validation, "available_ram", lambda available=available: available)
+    monkeypatch.setattr(checks, "available_ram", lambda available=available: available)
     for name, argv in DEFAULTS.items():
       module = importlib.import_module(name)
       if not refused:

@@ -2,7 +2,7 @@
 
 An experiment provides validate(config) (ConfigError naming the key and the allowed values)
 and build(config) -> Workload (model, data and pure loss / evaluation functions); see
-research/training/experiment.py for the contract and registry.py for adding your own.
+research/training/experiment.py for the contract and the registry (adding your own).
 """
 
 from research.experiments import (  # noqa: F401  (they register themselves)
@@ -14,6 +14,6 @@ from research.experiments import (  # noqa: F401  (they register themselves)
   nmt_dates,
   sequence_tasks,
 )
-from research.experiments.registry import get, names, register
+from research.training.experiment import get, names, register
 
 __all__ = ["get", "names", "register"]

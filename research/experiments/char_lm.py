@@ -21,7 +21,6 @@ import optax
 from research.data import python_corpus
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError, InputError
-from research.experiments.registry import register
 from research.experiments.stack_config import (
   check_stack_keys,
   check_stack_sizes,
@@ -30,14 +29,14 @@ from research.experiments.stack_config import (
 )
 from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel, sample
-from research.training.experiment import Inference, Model, Report, Workload
-from research.training.validation import (
+from research.training.config import (
   check_choice,
   check_host_memory,
   check_int,
   check_parameter_memory,
   check_positive,
 )
+from research.training.experiment import Inference, Model, Report, Workload, register
 
 MANIFEST = "corpus_manifest.json"
 SAMPLES = "samples.txt"

@@ -19,9 +19,7 @@ from research.attention.nadaraya_watson import SMOOTHING_KERNELS, NadarayaWatson
 from research.data import regression_1d as data
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError
-from research.experiments.registry import register
-from research.training.experiment import Heatmap, Inference, Model, Report, Workload
-from research.training.validation import (
+from research.training.config import (
   COMPUTE_DTYPES,
   check_choice,
   check_host_memory,
@@ -29,6 +27,7 @@ from research.training.validation import (
   check_range,
   get,
 )
+from research.training.experiment import Heatmap, Inference, Model, Report, Workload, register
 
 Array = jax.Array
 METHODS = ("fixed", "learned", "loo", "oracle")

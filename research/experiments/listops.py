@@ -16,7 +16,6 @@ import numpy as np
 from research.data import listops
 from research.errors import ConfigError, InputError
 from research.experiments.classification import bucket_boundaries, classification_workload
-from research.experiments.registry import register
 from research.experiments.stack_config import (
   check_stack_keys,
   check_stack_sizes,
@@ -28,14 +27,14 @@ from research.models.block_stack import POSITIONS
 from research.models.encoder_classifier import POOLINGS, EncoderClassifier
 from research.models.kinds import BLOCK_KINDS
 from research.models.transformer_block import NORMS
-from research.training.experiment import Inference, Model, Workload
-from research.training.validation import (
+from research.training.config import (
   check_choice,
   check_host_memory,
   check_parameter_memory,
   check_positive,
   check_writable,
 )
+from research.training.experiment import Inference, Model, Workload, register
 
 SPLITS = ("train", "val", "test")
 # LRA's recipe draws trees longer than 5000 tokens less than once in 10 000 draws (the

@@ -15,7 +15,6 @@ import numpy as np
 from research.data import aan, cifar10, imdb, pathfinder
 from research.errors import ConfigError
 from research.experiments.classification import bucket_boundaries, classification_workload
-from research.experiments.registry import register
 from research.experiments.stack_config import (
   check_stack_keys,
   check_stack_sizes,
@@ -27,8 +26,7 @@ from research.models.dual_encoder_classifier import DualEncoderClassifier
 from research.models.encoder_classifier import POOLINGS, EncoderClassifier
 from research.models.kinds import BLOCK_KINDS
 from research.models.transformer_block import NORMS
-from research.training.experiment import Inference, Model, Workload
-from research.training.validation import (
+from research.training.config import (
   check_choice,
   check_host_memory,
   check_int,
@@ -36,6 +34,7 @@ from research.training.validation import (
   check_positive,
   check_writable,
 )
+from research.training.experiment import Inference, Model, Workload, register
 
 SPLITS = ("train", "val", "test")
 # Test accuracy (%) in LRA's Table 1 (Tay et al., ICLR 2021) for our attention variants, per

@@ -14,7 +14,6 @@ import optax
 from research.data import mqar
 from research.data.stream import ShuffledStream, eval_batches
 from research.errors import ConfigError
-from research.experiments.registry import register
 from research.experiments.stack_config import (
   check_stack_keys,
   check_stack_sizes,
@@ -23,8 +22,8 @@ from research.experiments.stack_config import (
 )
 from research.models.kinds import BLOCK_KINDS, KINDS
 from research.models.language_model import LanguageModel
-from research.training import validation
-from research.training.experiment import Inference, Model, Workload
+from research.training import config as checks
+from research.training.experiment import Inference, Model, Workload, register
 
 SIZES = ("data.length", "data.num_pairs", "data.vocab_size", "data.train_examples",
          "data.eval_examples", "model.embed_size")
@@ -37,12 +36,12 @@ TOKEN_BYTES = 4
 def validate(config) -> None:
   """Raises ConfigError for a bad config.data / config.model value, naming the key."""
   d, m = config.data, config.model
-  validation.check_choice(config, "model.kind", KINDS)
-  validation.check_choice(config, "model.tie_embeddings", (True, False))
-  validation.check_choice(config, "data.random_non_queries", (True, False))
+  checks.check_choice(config, "model.kind", KINDS)
+  checks.check_choice(config, "model.tie_embeddings", (True, False))
+  checks.check_choice(config, "data.random_non_queries", (True, False))
   check_stack_keys(config, causal=True)
-  validation.check_positive(config, *SIZES, "data.power")
-  validation.check_int(config, *SIZES, "data.seed")
+  checks.check_positive(config, *SIZES, "data.power")
+  checks.check_int(config, *SIZES, "data.seed")
   problem = mqar.check_sizes(d.length, d.num_pairs, d.vocab_size)
   if problem:
     raise ConfigError(f"config.data.length={d.length}, num_pairs={d.num_pairs}, "
@@ -60,9 +59,9 @@ def validate(config) -> None:
   else:        # an LSTM layer: 8 h² at most, the first one's input e wide
     keys = ("model.num_layers", "model.hidden_size", "model.embed_size")
     count = m.num_layers * 4 * m.hidden_size * (m.hidden_size + m.embed_size)
-  validation.check_parameter_memory(config, (*keys, "data.vocab_size"),
+  checks.check_parameter_memory(config, (*keys, "data.vocab_size"),
                                     count + 2 * d.vocab_size * m.hidden_size)
-  validation.check_host_memory(
+  checks.check_host_memory(
       config, ("data.train_examples", "data.eval_examples", "data.length"),
       (d.train_examples + d.eval_examples) * d.length * TOKEN_BYTES
       + GENERATION_BLOCK * 16 * d.vocab_size, f"{d.train_examples + d.eval_examples} sequences "

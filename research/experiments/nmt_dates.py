@@ -32,12 +32,10 @@ from research.data.text import (
   warn_skipped,
 )
 from research.errors import ConfigError, InputError
-from research.experiments.registry import register
 from research.models.decoding import beam_search, greedy_decode
 from research.models.remat import REMAT
 from research.models.seq2seq import CELLS, DECODER_ATTENTIONS, HARD_TRAINING, STYLES, Seq2Seq
-from research.training.experiment import Heatmap, Inference, Model, Report, Workload
-from research.training.validation import (
+from research.training.config import (
   COMPUTE_DTYPES,
   check_choice,
   check_host_memory,
@@ -46,6 +44,7 @@ from research.training.validation import (
   check_range,
   check_rate,
 )
+from research.training.experiment import Heatmap, Inference, Model, Report, Workload, register
 
 # Host bytes per generated date while the data is made (measured: 3.6 kB at the peak).
 DATE_BYTES = 4096

@@ -15,7 +15,6 @@ import optax
 from research.data import sequence_tasks as data
 from research.data.stream import GeneratedStream, eval_batches
 from research.errors import ConfigError
-from research.experiments.registry import register
 from research.experiments.stack_config import (
   check_stack_keys,
   check_stack_sizes,
@@ -24,8 +23,8 @@ from research.experiments.stack_config import (
 )
 from research.models.kinds import KINDS, RECURRENT
 from research.models.sequence_model import SequenceModel
-from research.training import validation
-from research.training.experiment import Inference, Model, Workload
+from research.training import config as checks
+from research.training.experiment import Inference, Model, Workload, register
 
 TASKS = ("copy", "reverse", "adding", "recall")
 ADDING_TOLERANCE = 0.04
@@ -38,11 +37,11 @@ LENGTH_KEYS = ("data.length", "data.num_items")     # the inputs' length (`seque
 
 def validate(config) -> None:
   """Raises ConfigError for a bad config.data / config.model value, naming the key."""
-  validation.check_choice(config, "data.task", TASKS)
-  validation.check_choice(config, "model.kind", KINDS)
-  validation.check_choice(config, "model.causal", (True, False))
+  checks.check_choice(config, "data.task", TASKS)
+  checks.check_choice(config, "model.kind", KINDS)
+  checks.check_choice(config, "model.causal", (True, False))
   check_stack_keys(config, causal=config.model.causal)
-  validation.check_positive(config, *SIZES)
+  checks.check_positive(config, *SIZES)
   if config.data.task == "adding" and config.data.length < 2:
     raise ConfigError(f"config.data.length={config.data.length} must be >= 2 for the adding "
                       "problem (one marker in each half)")
@@ -52,20 +51,20 @@ def validate(config) -> None:
                       "distinct)")
   m, d = config.model, config.data
   check_stack_sizes(config, sequence_length(config), ", ".join(
-      f"config.{key}={validation.get(config, key)}"
+      f"config.{key}={checks.get(config, key)}"
       for key in (LENGTH_KEYS[:1] if d.task == "adding" else LENGTH_KEYS)))
   if m.kind in RECURRENT:        # an LSTM layer: 8 h² at most
     keys, count = ("model.num_layers", "model.hidden_size"), m.num_layers * 8 * m.hidden_size**2
   else:
     keys = parameter_keys(config, *LENGTH_KEYS)
     count = parameter_count(config, sequence_length(config))
-  validation.check_parameter_memory(config, (*keys, "data.num_symbols"),
+  checks.check_parameter_memory(config, (*keys, "data.num_symbols"),
                                     count + (2 * d.num_symbols + 2) * m.hidden_size)
   examples = config.train.batch_size + 2 * d.eval_examples      # (eval_batches copy them)
   keys = ("train.batch_size", "data.eval_examples", "data.length") + {
       "adding": (), "recall": ("data.num_items", "data.num_symbols")}.get(d.task, ("data.num_items",))
   per_example = sequence_length(config) + (d.num_symbols if d.task == "recall" else 0)
-  validation.check_host_memory(config, keys, examples * EXAMPLE_BYTES * per_example,
+  checks.check_host_memory(config, keys, examples * EXAMPLE_BYTES * per_example,
                                f"{examples} generated examples of {sequence_length(config)} steps")
 
 

@@ -21,7 +21,7 @@ from research.models.recurrent_mixer import (
 from research.models.remat import REMAT
 from research.models.self_attention import SELF_ATTENTIONS, check_attention
 from research.models.transformer_block import MIXER_GATES
-from research.training.validation import (
+from research.training.config import (
   COMPUTE_DTYPES,
   check_choice,
   check_divides,

@@ -20,8 +20,7 @@ from research.experiments.char_lm import window_losses
 from research.models import language_model
 from research.models.kinds import BLOCK_KINDS
 from research.predict import runs
-from research.predict.runs import check_experiment, check_int, in_batches, rows_per_call
-from research.predict.static import ByIdentity
+from research.predict.runs import ByIdentity, check_experiment, check_int, in_batches, rows_per_call
 
 Array = jax.Array
 SAMPLED_BYTES = 1 << 24  # num_samples × length: the bytes one call of sample draws at most

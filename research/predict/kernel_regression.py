@@ -16,6 +16,7 @@ import numpy as np
 from research.errors import InputError
 from research.experiments.kernel_regression import kernel_names
 from research.predict.runs import (
+  ByIdentity,
   as_array,
   check_bool,
   check_experiment,
@@ -24,7 +25,6 @@ from research.predict.runs import (
   row_bytes,
   rows_per_call,
 )
-from research.predict.static import ByIdentity
 
 Array = jax.Array
 

@@ -18,6 +18,8 @@ from research.data import listops
 from research.errors import InputError, excerpt
 from research.experiments.classification import BUCKET_MULTIPLE
 from research.predict.runs import (
+  ByIdentity,
+  apply_with_weights,
   check_bool,
   check_experiment,
   check_result,
@@ -26,8 +28,6 @@ from research.predict.runs import (
   nbytes,
   rows_per_call,
 )
-from research.predict.static import ByIdentity
-from research.predict.weights import apply_with_weights
 
 Array = jax.Array
 # What LRA's ListOps text is made of; LRA's tokenizer (brackets=False) drops anything else.

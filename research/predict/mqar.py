@@ -12,6 +12,8 @@ import numpy as np
 
 from research.errors import InputError
 from research.predict.runs import (
+  ByIdentity,
+  apply_with_weights,
   as_array,
   check_bool,
   check_experiment,
@@ -20,8 +22,6 @@ from research.predict.runs import (
   nbytes,
   rows_per_call,
 )
-from research.predict.static import ByIdentity
-from research.predict.weights import apply_with_weights
 
 Array = jax.Array
 

@@ -1,4 +1,5 @@
-"""What every predictor checks of the run and the settings it is handed, and how it bounds
+"""What every predictor shares: the checks of the run and the settings it is handed, the
+attention weights the blocks sow, a run's model as a static jit argument, and the bounds on
 what it holds at once: inputs read once into a list (`listed`, `as_array`), sizes and seeds
 ints in a stated range (`check_int`), rows through a compiled function in batches of one shape
 (`in_batches`), and the outputs that grow with an input's square or the training set bounded
@@ -7,10 +8,12 @@ in all (`check_result`). No OverflowError or MemoryError reaches the user.
 
 import numbers
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import numpy as np
 
+from research.attention import registry
 from research.errors import InputError, excerpt
 
 # Rows one compiled call takes at most, whatever their size (tests lower it to force batches).
@@ -138,3 +141,46 @@ def _padded(rows: np.ndarray, size: int) -> np.ndarray:
   if len(rows) == size:
     return rows
   return np.concatenate([rows, np.repeat(rows[-1:], size - len(rows), axis=0)])
+
+
+class ByIdentity:
+  """`value`, equal only to another ByIdentity of the very same object: a restored run's
+  model as a static argument of jax.jit (a flax Module hashes its fields, and the stack's
+  config.model.recurrence, a ConfigDict, does not hash), compiled once per run."""
+
+  def __init__(self, value: Any):
+    self.value = value
+
+  def __hash__(self) -> int:
+    return id(self.value)
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, ByIdentity) and other.value is self.value
+
+
+def apply_with_weights(model, variables, *args, **kwargs):
+  """(model.apply(variables, *args, **kwargs), each block's attention weights in layer
+  order, or None where a block computes none). Where the model's implementation does not
+  give its weights, a second pass with implementation "dense" sows them."""
+  if registry.gives_weights(model.implementation):
+    outputs, state = model.apply(variables, *args, **kwargs, mutable=["intermediates"])
+  else:
+    outputs = model.apply(variables, *args, **kwargs)
+    _, state = model.clone(implementation="dense").apply(variables, *args, **kwargs,
+                                                         mutable=["intermediates"])
+  return outputs, layer_weights(state.get("intermediates", {}), model.num_layers)
+
+
+def layer_weights(intermediates, num_layers: int) -> tuple[jax.Array, ...] | None:
+  """The attention weights each block sowed ("stack"/"block<i>"/…/"attention_weights"),
+  in layer order; None where a block sowed none."""
+  blocks = intermediates.get("stack", {})
+  weights = []
+  for layer in range(num_layers):
+    sown = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(
+        blocks.get(f"block{layer}", {}))[0]
+            if any(getattr(key, "key", None) == "attention_weights" for key in path)]
+    if not sown:
+      return None
+    weights.append(sown[0])
+  return tuple(weights)

@@ -13,13 +13,13 @@ from research.errors import InputError
 from research.experiments.sequence_tasks import sequence_length
 from research.models.kinds import RECURRENT
 from research.predict.runs import (
+  ByIdentity,
   as_array,
   check_experiment,
   in_batches,
   row_bytes,
   rows_per_call,
 )
-from research.predict.static import ByIdentity
 
 Array = jax.Array
 

@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from research.errors import CheckpointMismatchError, RunFailed, WorkdirError
-from research.training import distributed
+from research.training import parallel
 from research.training.workdir import unused_path
 
 UNREADABLE_SUFFIX = "_unreadable"
@@ -104,7 +104,7 @@ class Checkpoints:
     for step in sorted(self.manager.all_steps(), reverse=True):
       # Every process decides alike (any_process), before any of them moves a checkpoint.
       metadata, error = _attempt(self.manager.item_metadata, step)
-      if distributed.any_process(metadata is None or "state" not in metadata.keys()):
+      if parallel.any_process(metadata is None or "state" not in metadata.keys()):
         self._set_aside(step, error or OSError("no readable state metadata here or on "
                                                "another process"))
         continue
@@ -119,7 +119,7 @@ class Checkpoints:
       if "unlogged_metrics" in metadata.keys():     # checkpoints written before it lack it
         items["unlogged_metrics"] = ocp.args.JsonRestore()
       restored, error = _attempt(self.manager.restore, step, args=ocp.args.Composite(**items))
-      if distributed.any_process(restored is None):
+      if parallel.any_process(restored is None):
         self._set_aside(step, error or OSError("unreadable on another process"))
         continue
       return Restored(step, restored.state, restored.data,
@@ -134,7 +134,7 @@ class Checkpoints:
                       "to the previous checkpoint", step, _first_line(error), aside)
       os.makedirs(os.path.dirname(aside), exist_ok=True)
       shutil.move(os.path.join(self.directory, str(step)), aside)
-    distributed.barrier(f"checkpoint {step} set aside")
+    parallel.barrier(f"checkpoint {step} set aside")
     self.manager.close()
     self.manager = self._open()
 

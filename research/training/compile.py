@@ -14,7 +14,7 @@ from research.aot import report
 from research.attention.registry import ImplementationError
 from research.errors import ConfigError
 from research.files import write_probe
-from research.training.validation import apply_overrides, available_ram, gib
+from research.training.config import apply_overrides, available_ram, gib
 
 
 def memory_bytes(device) -> int | None:

@@ -42,10 +42,10 @@ from research.errors import ConfigError, WorkdirError
 from research.training import parallel, train_step
 from research.training import workdir as workdirs
 from research.training.compile import compile_checked, compiled_remedies
+from research.training.config import check_shared, gib
 from research.training.experiment import Experiment
 from research.training.loop import state_shapes_and_step, validate_experiment
 from research.training.sweep import check_sweep_workdir, point_configs, point_name
-from research.training.validation import check_shared, gib
 from research.training.workdir import check_config
 
 REPORT, SUMMARY = "compile_report.json", "compile_summary.md"

@@ -1,7 +1,6 @@
-"""The contract between an experiment and the train loop.
-
-An `Experiment` (registered in research.experiments under the name that
-`config.experiment` holds) has
+"""The contract between an experiment and the runtime (`Experiment`, `Workload`, `Model`,
+`Inference`), and the registry experiments enter under their `config.experiment` name (the
+built-in ones when research.experiments is imported). An `Experiment` has
 
   validate(config) -> None            raises ConfigError naming the key and the allowed values
   build(config) -> Workload           model, data and pure loss / evaluation functions
@@ -31,6 +30,7 @@ from typing import Any, NamedTuple
 import jax
 
 from research.data.stream import Batch, Stream
+from research.errors import ConfigError
 
 Params = Any
 Array = jax.Array
@@ -125,3 +125,46 @@ class Experiment(NamedTuple):
   inference: Callable[[Any, Any, dict[str, Any]], Inference] | None = None
   # inference(config, module, extras) -> Inference for a run's config and the module and
   # extras of its build_model. None: its runs cannot be exported.
+
+
+# ---- The registry -----------------------------------------------------------------------------
+_REGISTRY: dict[str, Experiment] = {}
+BUILT_IN = "research.experiments."     # the modules of the built-in experiments
+
+
+def register(name: str, *, validate: Callable[..., None], build: Callable[..., Workload],
+             build_shapes: Callable[..., Workload] | None = None,
+             generates_data: Callable[..., bool] | None = None,
+             build_model: Callable[..., Model] | None = None,
+             inference: Callable[..., Inference] | None = None) -> Experiment:
+  """Adds an experiment under `name` (the value of config.experiment) and returns it
+  (build_shapes, generates_data, build_model, inference: see
+  `research.training.experiment.Experiment`).
+
+  Your own experiment (in a notebook, say) plugs in the same way:
+  `experiments.register("mine", validate=my_validate, build=my_build)`; with
+  `build_model=my_build_model` its runs can be restored too (`research.training.restore`), and
+  with `inference=my_inference` exported (`launch.py --export`).
+
+  Registering a name again replaces the earlier registration, so that a notebook cell that
+  registers an experiment runs again; a built-in experiment's name (one of research/
+  experiments/) is refused with a ValueError."""
+  if name in _REGISTRY and _REGISTRY[name].build.__module__.startswith(BUILT_IN):
+    raise ValueError(f"{name!r} is a built-in experiment ({_REGISTRY[name].build.__module__}): "
+                     "register yours under another name")
+  _REGISTRY[name] = Experiment(name, validate, build, build_shapes, generates_data, build_model,
+                               inference)
+  return _REGISTRY[name]
+
+
+def get(name: str) -> Experiment:
+  """The experiment registered as `name`; ConfigError naming the registered ones otherwise."""
+  if name not in _REGISTRY:
+    raise ConfigError(f"config.experiment={name!r} is not allowed; choose one of: "
+                      f"{', '.join(map(repr, names()))}")
+  return _REGISTRY[name]
+
+
+def names() -> list[str]:
+  """The registered experiment names, sorted."""
+  return sorted(_REGISTRY)

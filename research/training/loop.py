@@ -42,10 +42,8 @@ from research import files
 from research.errors import ConfigError, RunFailed
 from research.training import (
   parallel,
-  profiling,
   provenance,
   thread_failures,
-  wandb_writer,
 )
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
@@ -58,15 +56,18 @@ from research.training.compile import (
   memory_bytes,
   refusals_as_config_errors,
 )
+from research.training.config import check_devices, check_shared
 from research.training.experiment import Experiment
 from research.training.metrics import (
   MetricsWriter,
   NonFiniteLossError,
+  Profiler,
   Progress,
+  WandbRun,
   plot_curves,
   plot_heatmap,
 )
-from research.training.stop_agreement import StopAgreement
+from research.training.parallel import StopAgreement
 from research.training.train_step import (
   STATE_METRICS,
   init_state,
@@ -76,14 +77,15 @@ from research.training.train_step import (
   make_train_step,
   root_key,
 )
-from research.training.validation import check_devices, check_shared
 from research.training.workdir import (
   CHECKPOINTS,
   CONFIG,
   FINAL_METRICS,
   LOSS_PLOT,
   METRICS_FILE,
+  PROFILE,
   TENSORBOARD,
+  WANDB,
   check_config,
   decoded,
   encoded,
@@ -161,7 +163,7 @@ def train(config, workdir: str, experiment: Experiment,
   RunFailed.
   """
   try:
-    with workdirs.hold(workdir) as lease, wandb_writer.WandbRun(config.wandb,
+    with workdirs.hold(workdir) as lease, WandbRun(config.wandb,
                                                                  workdir) as wandb_run:
       return _held(config, workdir, experiment, lease, wandb_run, on_start)
   except KeyboardInterrupt:
@@ -169,12 +171,12 @@ def train(config, workdir: str, experiment: Experiment,
 
 
 def _held(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
-          wandb_run: wandb_writer.WandbRun, on_start: Callable[[], None] | None) -> dict:
+          wandb_run: WandbRun, on_start: Callable[[], None] | None) -> dict:
   """`train` in a workdir it holds: the workdir's checks, then the run."""
   workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT,
                                          provenance.FILE),
-                         directories=(CHECKPOINTS, TENSORBOARD, wandb_writer.DIRECTORY,
-                                      profiling.DIRECTORY))
+                         directories=(CHECKPOINTS, TENSORBOARD, WANDB,
+                                      PROFILE))
   taking_over = check_config(config, workdir)
   if on_start is not None:
     lease.on_start(on_start)
@@ -184,7 +186,7 @@ def _held(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
 
 
 def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
-           wandb_run: wandb_writer.WandbRun) -> dict:
+           wandb_run: WandbRun) -> dict:
   train, started, hits_before = config.train, time.perf_counter(), cache_hits()
 
   # ---- Workload, optimizer, the steps compiled from shapes (refusals before anything runs) ---
@@ -262,7 +264,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
   progress, rates, pending = Progress(train.num_steps, start), [], []
   agreement = StopAgreement()
   with (_closing(checkpoints, progress, writer), _stop_signals() as stop,
-        profiling.Profiler(train.profile_steps, workdir) as profiler):
+        Profiler(train.profile_steps, workdir) as profiler):
     try:
       for step in range(start + 1, train.num_steps + 1):
         with profiler.step(step):
@@ -273,7 +275,7 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
         pending.append(metrics)
         is_log = step % train.log_every == 0 or step == train.num_steps
         # read once (a signal arriving later in the step waits a step), and agreed with the
-        # other processes before anything here waits for the devices (stop_agreement.py)
+        # other processes (parallel.StopAgreement: from the step STOP_LAG back)
         stopping = agreement.stop_signal(step, stop.signum)
         if is_log or stopping:
           unlogged += _check_finite(jax.device_get([strategy.host_metrics(m) for m in pending]),
@@ -303,7 +305,6 @@ def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
         if stopping:
           checkpoints.raise_if_failed(wait=True)
           raise Stopped(stopping, step, checkpoints.directory)
-      agreement.finished(train.num_steps)   # a process asking to stop now gets its answer
     except OSError as error:
       latest = checkpoints.latest_step()
       kept = ("no checkpoint was written yet" if latest is None else

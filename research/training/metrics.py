@@ -1,8 +1,12 @@
-"""What a run writes as it trains: metrics.jsonl, TensorBoard events (the `tensorboard`
-package's writer, no TensorFlow), a live progress line, and PNG figures (loss curves,
-attention heatmaps; matplotlib's Agg)."""
+"""What a run records as it trains: metrics.jsonl, TensorBoard events (the `tensorboard`
+package's writer, no TensorFlow), an optional Weights & Biases run, a live progress line,
+PNG figures (loss curves, attention heatmaps; matplotlib's Agg) and profiler traces."""
 
+import collections
 import contextlib
+import glob
+import gzip
+import importlib.util
 import io
 import json
 import math
@@ -23,12 +27,15 @@ from tensorboard.plugins.text.metadata import create_summary_metadata  # noqa: E
 from tensorboard.summary.writer.record_writer import RecordWriter  # noqa: E402
 from tensorboard.util.tensor_util import make_tensor_proto  # noqa: E402
 
-from research.errors import RunFailed  # noqa: E402
+from research import files  # noqa: E402
+from research.errors import ConfigError, RunFailed  # noqa: E402
 from research.files import atomic_write  # noqa: E402
 from research.training.experiment import Heatmap  # noqa: E402
 from research.training.workdir import (  # noqa: E402
   METRICS_FILE,
+  PROFILE,
   TENSORBOARD,
+  WANDB,
   dumps,
   parse_record,
   unused_path,
@@ -94,7 +101,7 @@ class MetricsWriter:
   TensorBoard as a table `config` (key, JSON value) at the first step this session trains,
   resume_step + 1: purged with the steps after a checkpoint, so that each resume shows its
   own (with the keys a resume may change) and a resume from the same checkpoint replaces it.
-  Each record also goes to `wandb_run` (a research.training.wandb_writer.WandbRun) where given.
+  Each record also goes to `wandb_run` (a `WandbRun`) where given.
   """
 
   def __init__(self, workdir: str, resume_step: int = 0, config: dict | None = None,
@@ -247,3 +254,204 @@ def figure_png(fig) -> bytes:
   fig.savefig(buffer, format="png", dpi=100)
   plt.close(fig)
   return buffer.getvalue()
+
+
+# ---- Weights & Biases ------------------------------------------------------------------------
+WANDB_MODES = ("off", "online", "offline")    # config.wandb.mode
+WANDB_RUN_ID = "run_id"        # WORKDIR/wandb/run_id: the W&B run a resume continues
+WANDB_STEP = "step"            # the W&B metric every other is drawn against
+WANDB_INSTALL = 'pip install -e ".[wandb]"'
+
+
+def check_wandb_installed(config) -> None:
+  """ConfigError where config.wandb.mode asks for W&B and its package is not installed."""
+  if config.wandb.mode != "off" and importlib.util.find_spec("wandb") is None:
+    raise ConfigError(f"config.wandb.mode={config.wandb.mode!r} needs the wandb package, which "
+                      f"is not installed: {WANDB_INSTALL} (or set config.wandb.mode='off')")
+
+
+class WandbRun:
+  """An optional Weights & Biases run beside TensorBoard (config.wandb, the `wandb` extra;
+  docs/running.md): process 0 logs the flattened config, every metrics.jsonl record against
+  the W&B metric `step`, the plots and the final metrics; a resumed run continues its W&B
+  run (WORKDIR/wandb/run_id), and a failing W&B call warns once and never stops the run. A
+  context manager: nothing until `start`, nothing at all where
+  config.wandb.mode is 'off' or on a process other than 0. Leaving the context finishes the
+  W&B run, marked failed (exit code 1) when an exception leaves it."""
+
+  def __init__(self, settings, workdir: str):
+    """`settings`: config.wandb (mode, project, entity, name); `workdir`: the run's."""
+    self.settings, self.workdir, self.run = settings, workdir, None
+
+  def __enter__(self) -> "WandbRun":
+    return self
+
+  def __exit__(self, kind, error, traceback) -> None:
+    self._finish(exit_code=0 if kind is None else 1)
+
+  def start(self, hyperparameters: dict, resumed: bool) -> None:
+    """Starts (or, `resumed` from a checkpoint, continues) the workdir's W&B run with the
+    flattened config as its hyperparameters; prints where it is, in one line."""
+    if self.settings.mode == "off" or jax.process_index() != 0:
+      return
+    with self._guard("to start"):
+      import wandb  # noqa: PLC0415   (the optional extra: imported where it is used)
+
+      run_id_path = os.path.join(self.workdir, WANDB, WANDB_RUN_ID)
+      previous = _read_text(run_id_path) if resumed else None
+      os.makedirs(os.path.dirname(run_id_path), exist_ok=True)
+      self.run = wandb.init(
+          project=self.settings.project or None, entity=self.settings.entity or None,
+          name=self.settings.name or os.path.basename(os.path.abspath(self.workdir)),
+          mode=self.settings.mode, dir=self.workdir, id=previous,
+          resume="allow" if previous else None,
+          settings=wandb.Settings(silent=True, console="off"))
+      self.run.config.update(hyperparameters, allow_val_change=True)
+      self.run.define_metric(WANDB_STEP)
+      self.run.define_metric("*", step_metric=WANDB_STEP)
+      files.write_text(run_id_path, self.run.id)
+      where = (self.run.url if self.settings.mode == "online" else
+               f"{self.run.settings.sync_dir} (upload it with `wandb sync "
+               f"{self.run.settings.sync_dir}`)")
+      print(f"Weights & Biases: {'continuing' if previous else 'logging to'} run {self.run.id}"
+            f" in {where}", file=sys.stderr, flush=True)
+
+  def scalars(self, step: int, values: dict[str, float]) -> None:
+    """One history row: the values of a metrics.jsonl record at its step."""
+    if self.run is not None:
+      with self._guard(f"to log step {step}"):
+        self.run.log({WANDB_STEP: step, **values})
+
+  def images(self, step: int, paths: dict[str, str]) -> None:
+    """The PNG files {name: path} as images `plots/<name>` at `step`."""
+    if self.run is not None:
+      with self._guard("to log the plots"):
+        import wandb  # noqa: PLC0415
+
+        self.run.log({WANDB_STEP: step, **{f"plots/{name}": wandb.Image(path)
+                                     for name, path in paths.items()}})
+
+  def summary(self, values: dict) -> None:
+    """The run's final metrics as the W&B run's summary."""
+    if self.run is not None:
+      with self._guard("to write the summary"):
+        self.run.summary.update(values)
+
+  def _finish(self, exit_code: int) -> None:
+    if self.run is not None:
+      run, self.run = self.run, None
+      with self._guard("to finish"):
+        run.finish(exit_code=exit_code)
+
+  @contextlib.contextmanager
+  def _guard(self, what: str):
+    """An exception of the block: one warning line, and W&B left for the rest of the run."""
+    try:
+      yield
+    except Exception as error:  # noqa: BLE001   (W&B is never a reason to stop training)
+      run, self.run = self.run, None
+      print(f"warning: Weights & Biases failed {what} ({type(error).__name__}: {error}); the "
+            "run goes on without it (metrics.jsonl and TensorBoard hold every record)",
+            file=sys.stderr, flush=True)
+      if run is not None:               # stop W&B's own process; the warning above says why
+        with contextlib.suppress(Exception):
+          run.finish(exit_code=1)
+
+
+def _read_text(path: str) -> str | None:
+  """The run id stored at `path`, None where there is none."""
+  try:
+    with open(path) as f:
+      return f.read().strip() or None
+  except FileNotFoundError:
+    return None
+
+
+# ---- Profiler traces (config.train.profile_steps) ---------------------------------------------
+ANNOTATION = "train"   # the name of each step's trace annotation
+
+
+def parse_profile_steps(text: str) -> tuple[int, int] | None:
+  """"A,B" -> (A, B), "A" -> (A, A), "" -> None; ValueError for anything else."""
+  if text == "":
+    return None
+  parts = text.split(",") if isinstance(text, str) else []
+  if not 1 <= len(parts) <= 2 or not all(p.strip().isdigit() for p in parts):
+    raise ValueError(f"must be 'FIRST,LAST' or 'STEP' (step numbers, e.g. '10,12'), or '' "
+                     f"for no trace; got {text!r}")
+  first, last = int(parts[0]), int(parts[-1])
+  return first, last
+
+
+def check_profile_steps(config) -> None:
+  """ConfigError unless config.train.profile_steps is '' or 1 <= FIRST <= LAST <= num_steps."""
+  text = config.train.profile_steps
+  try:
+    steps = parse_profile_steps(text)
+  except ValueError as error:
+    raise ConfigError(f"config.train.profile_steps {error}") from None
+  if steps is not None and not 1 <= steps[0] <= steps[1] <= config.train.num_steps:
+    raise ConfigError(f"config.train.profile_steps={text!r} must be steps FIRST <= LAST "
+                      f"within 1 … config.train.num_steps={config.train.num_steps}")
+
+
+class Profiler:
+  """config.train.profile_steps ("FIRST,LAST"): a jax.profiler trace of those steps into
+  WORKDIR/profile (TensorBoard's profile plugin, XProf, Perfetto; docs/running.md). Starts the
+  trace before the first profiled step, annotates each ("train", step_num), and stops it once
+  the last one's state is computed (or when the loop ends early)."""
+
+  def __init__(self, text: str, workdir: str):
+    self.steps, self.directory, self.tracing = parse_profile_steps(text), os.path.join(workdir, PROFILE), False
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    if self.tracing:
+      self.tracing = False
+      jax.profiler.stop_trace()
+
+  def step(self, step: int):
+    """The context of one training step: traced and annotated within the range."""
+    if self.steps is None or not self.steps[0] <= step <= self.steps[1]:
+      return contextlib.nullcontext()
+    if not self.tracing:
+      self.tracing = True
+      jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+    return jax.profiler.StepTraceAnnotation(ANNOTATION, step_num=step)
+
+  def after(self, step: int, state) -> None:
+    """Ends the trace once the last profiled step's `state` is computed."""
+    if self.tracing and step >= self.steps[1]:
+      jax.block_until_ready(state)
+      self.__exit__()
+
+
+def trace_files(workdir: str) -> list[str]:
+  """The Perfetto traces `Profiler` wrote into `workdir`, oldest first."""
+  return sorted(glob.glob(os.path.join(workdir, PROFILE, "plugins", "profile", "*",
+                                       "perfetto_trace.json.gz")))
+
+
+def profile_summary(path: str, top: int = 15) -> dict:
+  """{"steps": [(step, ms)], "operations": [(name, total ms, count)]} of a Perfetto trace:
+  each annotated step's wall time, and the `top` operations of the devices' threads by
+  total time (the device's processes are those whose name holds "GPU" or "TPU"; on a
+  CPU every thread but the annotations and the Python tracer's "$file:line" events)."""
+  with gzip.open(path, "rt", encoding="utf-8") as f:
+    trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  names = {e["pid"]: e["args"]["name"] for e in events
+           if e.get("ph") == "M" and e.get("name") == "process_name"}
+  devices = {pid for pid, name in names.items() if "GPU" in name or "TPU" in name}
+  steps = [(int(e["args"]["step_num"]), e["dur"] / 1e3) for e in events
+           if e.get("ph") == "X" and e.get("name") == ANNOTATION]
+  totals, counts = collections.Counter(), collections.Counter()
+  for e in events:
+    if (e.get("ph") == "X" and e.get("name") != ANNOTATION and not e["name"].startswith("$")
+        and (not devices or e["pid"] in devices)):
+      totals[e["name"]] += e["dur"] / 1e3
+      counts[e["name"]] += 1
+  return {"steps": sorted(steps),
+          "operations": [(name, ms, counts[name]) for name, ms in totals.most_common(top)]}

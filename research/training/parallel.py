@@ -1,23 +1,22 @@
-"""Data parallelism over every device: `jit` over a mesh (default) or `pmap`.
+"""Parallelism: data parallel over every device (`jit` over a mesh, the default, or `pmap`),
+and several processes (hosts) as one run (`jax.distributed`, a stop every process agrees
+on). Each host feeds only its own rows of every global batch; the results are identical up
+to float reduction order, and only process 0 writes metrics, plots, reports and the lock."""
 
-Both strategies take the same pure functions
-
-  step(state, batch) -> (state, metrics)         with `axis_name` for cross-device means
-  evaluate(params, batch) -> {name: (sum, sum)}
-
-and the same global batches (dicts of NumPy arrays [global_batch, ...]). Each host
-feeds only its own rows: a training stream makes only them (`put_rows`, `abstract_rows`:
-its share, research/data/stream.py's `select`), an evaluation batch is cut (`put_batch`,
-`abstract_batch`); the results are identical up to float reduction order.
-"""
-
+import glob
+import os
+import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from research.errors import ConfigError, RunFailed
 
 AXIS = "data"
 
@@ -151,3 +150,145 @@ STRATEGIES = {"jit": MeshStrategy, "pmap": PmapStrategy}   # config.train.parall
 def make_strategy(name: str) -> Any:
   """The strategy named by config.train.parallelism (checked by validation.check_shared)."""
   return STRATEGIES[name]()
+
+
+# ---- Several processes (hosts) as one run ---------------------------------------------------
+CLUSTER_VARIABLES = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES",
+                     "TPU_PROCESS_ADDRESSES", "MEGASCALE_COORDINATOR_ADDRESS")
+STOP_LAG = 2                  # steps between a step's gather of signals and its reading
+STOP_TIMEOUT_S = 10 * 60      # a signalled process's wait for every process's answer
+
+
+def check_distributed(config) -> None:
+  """ConfigError for config.distributed values that cannot describe a run, with a
+  coordinator address or without (where JAX's cluster detection, or one process, decides:
+  the process numbers then stay at their defaults, 1 and 0, rather than go unused)."""
+  d = config.distributed
+  if not _is_int(d.num_processes) or d.num_processes < 1:
+    raise ConfigError(f"config.distributed.num_processes={d.num_processes!r} must be an int >= 1")
+  if not _is_int(d.process_id) or not 0 <= d.process_id < d.num_processes:
+    raise ConfigError(f"config.distributed.process_id={d.process_id!r} must be in 0 … "
+                      f"{d.num_processes - 1} (config.distributed.num_processes - 1)")
+  if not d.coordinator_address:
+    if (d.num_processes, d.process_id) != (1, 0):
+      raise ConfigError(
+          f"config.distributed.num_processes={d.num_processes} and process_id={d.process_id} "
+          "are used only with config.distributed.coordinator_address=HOST:PORT; without it "
+          "JAX's cluster detection numbers the processes (or one runs): give the address, or "
+          "leave them at 1 and 0")
+    return
+  if not re.fullmatch(r"[^\s:]+:\d{1,5}", d.coordinator_address):
+    raise ConfigError(f"config.distributed.coordinator_address={d.coordinator_address!r} must "
+                      "be HOST:PORT (process 0's address), or '' for JAX's cluster detection")
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def initialize(config) -> None:
+  """Joins the run described by config.distributed (ConfigError first if it cannot describe
+  one); call before any JAX work.
+
+    coordinator_address "HOST:PORT"   explicit: process `process_id` of `num_processes`,
+                                      process 0 serving at HOST:PORT (e.g. two processes
+                                      on one machine: localhost:PORT)
+    coordinator_address ""            JAX's cluster auto-detection where a cluster is in
+                                      sight (SLURM, Cloud TPU pods and VMs, Open MPI, GKE),
+                                      else a single process: nothing is probed on a laptop
+  """
+  check_distributed(config)
+  d = config.distributed
+  if d.coordinator_address:
+    jax.distributed.initialize(coordinator_address=d.coordinator_address,
+                               num_processes=d.num_processes, process_id=d.process_id)
+  elif cluster_in_sight():
+    jax.distributed.initialize()
+
+
+def cluster_in_sight() -> bool:
+  """A cluster manager's variables, or a Cloud TPU VM's accelerator devices."""
+  return (any(name in os.environ for name in CLUSTER_VARIABLES)
+          or bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*")))
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` holds on any process: every process gets the same answer."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(bool(flag)))))
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier `name` (nothing with one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+class StopAgreement:
+  """`stop_signal(step, signum)` after each step: the signal to stop with once this is the
+  step every process stops after, else None (signum: the signal this process got, 0 or None
+  for none yet).
+
+  On one process a SIGTERM (a preemption notice) or SIGINT stops the loop after the step it
+  arrives in: that step is saved, and the rerun resumes from it. On several (a pod's hosts)
+  each would stop after its own step and enter the checkpoint's save apart, so they agree
+  through a collective on the devices, like the train step's own:
+
+    1. after step s every process queues a gather of each process's signal (0: none) behind
+       step s on its devices, and reads none of it yet;
+    2. after step s + STOP_LAG it reads the gather of step s (done by then, unless the host
+       runs more than STOP_LAG steps ahead of its devices): every process reads the same;
+    3. a signal there stops every process after step s + STOP_LAG, which all of them save,
+       with the signal of the lowest-numbered process that got one.
+
+  A process that got a signal waits at most STOP_TIMEOUT_S for the gather (a process that
+  died or left the loop does not answer), then ends the run with RunFailed, the last complete
+  checkpoint kept; the others wait as for any step (JAX ends a run whose process dies). A
+  signal in the last STOP_LAG steps: the run ends at its last step, saved, as planned.
+  """
+
+  def __init__(self):
+    self.processes, self.pending = jax.process_count(), []
+    self.gather = _signal_gather() if self.processes > 1 else None
+
+  def stop_signal(self, step: int, signum: int | None) -> int | None:
+    if self.processes == 1:
+      return signum or None
+    self.pending.append((step, self.gather(signum or 0)))
+    if len(self.pending) <= STOP_LAG:
+      return None
+    gathered_step, gathered = self.pending.pop(0)
+    if signum and not _ready_within(gathered, STOP_TIMEOUT_S):
+      raise RunFailed(f"a stop was requested (signal {signum}) but not every process answered "
+                      f"after step {gathered_step} within {STOP_TIMEOUT_S / 60:g} minutes; the "
+                      "last complete checkpoint is kept")
+    signals = [int(s) for s in np.asarray(gathered.addressable_data(0)) if s]
+    return signals[0] if signals else None
+
+
+def _signal_gather():
+  """signum -> every process's signum, an array replicated on every device (its values not
+  waited for): each process's row put on its devices, gathered by one jitted identity."""
+  devices = np.array([[d for d in jax.devices() if d.process_index == p]
+                      for p in range(jax.process_count())])
+  mesh = Mesh(devices, ("processes", "local_devices"))
+  rows = NamedSharding(mesh, PartitionSpec("processes"))
+  replicate = jax.jit(lambda signals: signals, out_shardings=NamedSharding(mesh, PartitionSpec()))
+  return lambda signum: replicate(jax.make_array_from_process_local_data(
+      rows, np.asarray([signum], np.int32), (jax.process_count(),)))
+
+
+def _ready_within(array: jax.Array, seconds: float) -> bool:
+  """Whether `array` is computed within `seconds` (a daemon thread waits for it, so that a
+  computation that never ends does not hold the process at exit)."""
+  done = threading.Event()
+
+  def wait():
+    try:
+      array.block_until_ready()
+    finally:
+      done.set()                # an error: raised when the array is read
+
+  threading.Thread(target=wait, name="stop-agreement", daemon=True).start()
+  return done.wait(seconds)

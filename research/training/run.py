@@ -37,9 +37,9 @@ complete checkpoint).
 
 The config.json read back (`read_config`, what restore, --eval_only and --export all read it
 with) passes what a launched config passes before anything is built: a file of at most
-config.MAX_BYTES whose groups nest at most config.MAX_DEPTH deep; the shared keys' types
+workdir.MAX_BYTES whose groups nest at most workdir.MAX_DEPTH deep; the shared keys' types
 (those of base_config(), as config_flags keeps a launched config's) and values
-(validation.check_shared_values; a shared key a run of an earlier version lacks at its
+(config.check_shared_values; a shared key a run of an earlier version lacks at its
 default); the experiment's own checks (its validate), but for where the data was (the
 DATA_UNREAD keys: data.corpus, data.files, data.stdlib, data.dir), which restoring does not
 read. Not the devices: a run restores on any.
@@ -79,9 +79,10 @@ import ml_collections
 
 from research import files
 from research.errors import CheckpointMismatchError, ConfigError, UserError, WorkdirError
+from research.training import experiment as registry
 from research.training import parallel, provenance
 from research.training.checkpoints import read_params
-from research.training.config import base_config, read_config_json
+from research.training.config import base_config, check_like, check_shared_values
 from research.training.experiment import Experiment
 from research.training.loop import (
   compiled_eval_step,
@@ -90,12 +91,12 @@ from research.training.loop import (
   validate,
   validate_experiment,
 )
-from research.training.validation import check_like, check_shared_values
 from research.training.workdir import (
   CHECKPOINTS,
   CONFIG,
   SWEEP_RECORD,
   flatten,
+  read_config_json,
   read_history,
   refuse_renamed,
   saved_steps,
@@ -217,7 +218,7 @@ def read_config(workdir: str) -> tuple[ml_collections.ConfigDict, Experiment]:
   """(the config.json of the run in `workdir`, its registered experiment): what every reader
   of a run's config uses (restore, --eval_only, --export).
 
-  The file is read bounded (config.read_config_json, as training reads it too) and checked
+  The file is read bounded (workdir.read_config_json, as training reads it too) and checked
   as a launched config is (`checked_shared`, `checked_by` its experiment). Raises
   WorkdirError where there is no run or its config.json cannot be read, ConfigError naming
   config.json and the key for one written under a key renamed since or that today's checks
@@ -271,8 +272,8 @@ DATA_UNREAD = {"data.corpus": "", "data.files": "", "data.stdlib": "",
 def checked_shared(value: dict) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict]:
   """(ConfigDict(value), the same with the shared keys a run of an earlier version lacks at
   their defaults) for a run's config.json `value` whose shared keys have the types
-  config_flags keeps a launched config's in (validation.check_like) and pass its checks
-  (validation.check_shared_values; not whether wandb is installed: restoring logs nothing).
+  config_flags keeps a launched config's in (config.check_like) and pass its checks
+  (config.check_shared_values; not whether wandb is installed: restoring logs nothing).
   ConfigError naming the key otherwise."""
   check_like(value, base_config())
   try:
@@ -339,15 +340,16 @@ def writable(workdir: str, path: str, kind: str) -> None:
 
 
 def registered(name: str, workdir: str) -> Experiment:
-  """The experiment registered as `name`, with a build_model; ConfigError otherwise."""
-  from research import experiments  # noqa: PLC0415   (the trainer imports no experiment itself)
-
+  """The experiment registered as `name` (research.training.experiment's registry, which the
+  built-in experiments enter when research.experiments is imported), with a build_model;
+  ConfigError otherwise."""
   try:
-    experiment = experiments.get(name)
+    experiment = registry.get(name)
   except ConfigError:
+    known = ", ".join(registry.names()) or ("none: import research.experiments for the built-in "
+                                           "ones")
     raise ConfigError(f"workdir {workdir} holds a run of the experiment {name!r}, which is not "
-                      f"registered here (registered: {', '.join(experiments.names())}): "
-                      "register it first") from None
+                      f"registered here (registered: {known}): register it first") from None
   if experiment.build_model is None:
     raise ConfigError(f"workdir {workdir} holds a run of the experiment {name!r}, registered "
                       "without build_model: register it with one to restore its runs")

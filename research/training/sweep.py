@@ -26,10 +26,10 @@ import jax
 from research import files
 from research.errors import ConfigError, UserError, WorkdirError
 from research.training import workdir as workdirs
+from research.training.config import apply_overrides
 from research.training.experiment import Experiment
 from research.training.loop import train, validate
 from research.training.metrics import NonFiniteLossError
-from research.training.validation import apply_overrides
 from research.training.workdir import (
   CONFIG,
   FINAL_METRICS,

@@ -10,21 +10,24 @@ import json
 import math
 import os
 import socket
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
 
 from research import files
-from research.errors import ConfigError, WorkdirError
+from research.errors import ConfigError, WorkdirError, excerpt
 from research.files import ProbeLeft, write_probe
-from research.training.config import read_config_json
 
 # ---- File names ---------------------------------------------------------------------------
 LOCK_FILE, CONFIG, METRICS_FILE, FINAL_METRICS = ("run.lock", "config.json", "metrics.jsonl",
                                                   "final_metrics.json")
 LOSS_PLOT, CHECKPOINTS, TENSORBOARD = "loss.png", "checkpoints", "tensorboard"
+PROFILE, WANDB = "profile", "wandb"     # jax.profiler's traces; the W&B run's files
 SWEEP_RECORD = "sweep.json"      # in a sweep's root workdir (research/training/sweep.py)
+MAX_BYTES = 2**20       # a run's config.json holds a few KiB
+MAX_DEPTH = 16          # groups (and lists) within groups: a few levels in any experiment
 
 # ---- The config record and what a resume may change ---------------------------------------
 # Keys a rerun may change and still resume the workdir's run (more steps, other hosts, how
@@ -108,11 +111,60 @@ def check_config(config, workdir: str) -> str | None:
           "to a metrics.after_step_0 file)")
 
 
+def read_config_json(path: str) -> dict:
+  """The JSON object of a run's config.json at `path`, bounded before it is parsed or walked.
+
+  Raises FileNotFoundError where there is none, files.UnreadableFile naming the file and the
+  fault (cannot be read, not a regular file, empty, cut short or not JSON, not an object),
+  ConfigError naming it for a file over MAX_BYTES or groups nested deeper than MAX_DEPTH
+  (with the key where they do, when the parser could reach it): no run writes either.
+  """
+  try:
+    status = os.stat(path)
+  except FileNotFoundError:
+    raise
+  except OSError as error:
+    raise files.UnreadableFile(f"{path} cannot be read ({error.strerror or error})") from None
+  if not stat.S_ISREG(status.st_mode):       # a directory, a device (/dev/zero: endless)
+    raise files.UnreadableFile(f"{path} is not a file")
+  size = status.st_size
+  if size > MAX_BYTES:
+    raise ConfigError(f"{path} holds {size} bytes, more than a run's config ({MAX_BYTES} at "
+                      "most): not a config.json a run wrote")
+  try:
+    value = files.read_json(path)
+  except RecursionError:
+    raise ConfigError(f"{path} nests its groups deeper than the JSON parser reads, more than "
+                      f"{MAX_DEPTH} levels: not a config.json a run wrote") from None
+  key = _too_deep(value)
+  if key is not None:
+    raise ConfigError(f"{path} nests its groups more than {MAX_DEPTH} levels deep, at "
+                      f"{excerpt('config.' + key, 80)}: not a config.json a run wrote")
+  return value
+
+
+def _too_deep(node, key: str = "", level: int = 1) -> str | None:
+  """The dotted key of the first group or list of `node` (a JSON value at `level`, the top
+  object's being 1) deeper than MAX_DEPTH, or None; it descends MAX_DEPTH levels at most."""
+  if isinstance(node, dict):
+    children = ((f"{key}.{name}" if key else name, child) for name, child in node.items())
+  elif isinstance(node, list):
+    children = ((f"{key}[{i}]", child) for i, child in enumerate(node))
+  else:
+    return None
+  for path, child in children:
+    if isinstance(child, (dict, list)):
+      found = path if level + 1 > MAX_DEPTH else _too_deep(child, path, level + 1)
+      if found is not None:
+        return found
+  return None
+
+
 def read_record(workdir: str, name: str, records: str, deleting: str):
   """The JSON file `name` of workdir (config.json, a sweep's sweep.json), None where there
   is none; WorkdirError naming it when it cannot be read, saying what it `records` and what
   `deleting` it does."""
-  read = read_config_json if name == CONFIG else files.read_json   # (bounded: config.py)
+  read = read_config_json if name == CONFIG else files.read_json
   try:
     return read(os.path.join(workdir, name))
   except FileNotFoundError:

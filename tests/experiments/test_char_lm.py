@@ -24,8 +24,8 @@ from research.data import python_corpus
 from research.errors import ConfigError, InputError
 from research.experiments import char_lm
 from research.models.language_model import LanguageModel
+from research.training.config import apply_overrides
 from research.training.loop import train_and_evaluate, validate
-from research.training.validation import apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))

@@ -26,8 +26,8 @@ from statsmodels.regression.linear_model import OLS
 from research import experiments
 from research.data import regression_1d as data
 from research.experiments import kernel_regression
+from research.training.config import ConfigError, apply_overrides
 from research.training.loop import train_and_evaluate
-from research.training.validation import ConfigError, apply_overrides
 from research.training.workdir import config_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

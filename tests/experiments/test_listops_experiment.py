@@ -13,9 +13,9 @@ from research import experiments
 from research.data import listops as listops_data
 from research.errors import InputError
 from research.experiments import listops
+from research.training.config import ConfigError, apply_overrides
 from research.training.loop import train_and_evaluate
 from research.training.train_step import learning_rate_schedule
-from research.training.validation import ConfigError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))

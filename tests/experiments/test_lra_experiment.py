@@ -14,8 +14,8 @@ from research import experiments, files
 from research.data import pathfinder
 from research.errors import ConfigError, InputError
 from research.experiments import lra
+from research.training.config import apply_overrides
 from research.training.loop import train_and_evaluate
-from research.training.validation import apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))

@@ -15,8 +15,8 @@ from tiers import long_cases
 
 from research import experiments
 from research.experiments import mqar
+from research.training.config import ConfigError, apply_overrides
 from research.training.loop import validate
-from research.training.validation import ConfigError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))

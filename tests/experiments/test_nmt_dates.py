@@ -12,8 +12,8 @@ from research import experiments
 from research.data.text import EOS, Vocabulary
 from research.errors import InputError
 from research.experiments import nmt_dates
+from research.training.config import ConfigError, apply_overrides
 from research.training.loop import train_and_evaluate, validate
-from research.training.validation import ConfigError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))

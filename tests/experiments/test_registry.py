@@ -10,7 +10,7 @@ import pytest
 import research.training
 from research import experiments
 from research.errors import ConfigError
-from research.experiments import registry
+from research.training import experiment as registry
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "experiments")

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from research.experiments import sequence_tasks
-from research.training.validation import ConfigError, apply_overrides
+from research.training.config import ConfigError, apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))

@@ -13,7 +13,7 @@ import pytest
 
 from research.errors import ConfigError
 from research.experiments import char_lm, listops, sequence_tasks
-from research.training.validation import apply_overrides
+from research.training.config import apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPERIMENTS = {"listops": listops, "sequence_tasks": sequence_tasks, "char_lm": char_lm}

@@ -11,8 +11,8 @@ import numpy as np
 
 from research import experiments
 from research.training import Run, restore, train_and_evaluate
+from research.training.config import apply_overrides
 from research.training.experiment import Report
-from research.training.validation import apply_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -23,12 +23,12 @@ from safetensors.numpy import load_file
 from research import experiments
 from research.data.text import BOS, EOS, tokenize
 from research.errors import ConfigError, WorkdirError
-from research.experiments import registry
 from research.models.decoding import greedy_decode
+from research.training import experiment as registry
 from research.training import export, restore
 from research.training.checkpoints import Checkpoints
+from research.training.config import apply_overrides
 from research.training.train_step import init_state, make_optimizer
-from research.training.validation import apply_overrides
 
 # Every test reads the one export of the module's fixture: on one worker, the fixture runs once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("export")]
@@ -232,6 +232,7 @@ def test_an_experiment_without_inference_is_refused_before_anything_is_written(
 # alone, and stops or kills itself at one point of `publish`.
 KILLED = """
 import os, signal, sys
+import research.experiments  # the built-in experiments, registered for restoring
 from research.training import export
 
 workdir, point = sys.argv[1], sys.argv[2]

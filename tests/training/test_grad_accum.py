@@ -15,8 +15,8 @@ from tiers import long_cases
 
 from research import experiments
 from research.errors import ConfigError
+from research.training.config import apply_overrides, check_devices, check_shared
 from research.training.train_step import accumulated_gradients, microbatches
-from research.training.validation import apply_overrides, check_devices, check_shared
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -18,7 +18,7 @@ import tiny
 
 from research.errors import CheckpointMismatchError, ConfigError, WorkdirError
 from research.training import compile as compile_module
-from research.training import loop, profiling, sweep
+from research.training import loop, metrics, sweep
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.loop import Stopped, train_and_evaluate
@@ -46,8 +46,8 @@ def test_trains_once_compiled_and_fills_the_workdir(tmp_path, capsys):
   assert any(name.startswith("events.out.tfevents") for name in events)
   assert "step 60/60  loss" in capsys.readouterr().err
   # train.profile_steps: one trace of steps 41 … 43, each annotated, nothing compiled in it
-  (trace,) = profiling.trace_files(workdir)
-  assert [step for step, _ in profiling.summary(trace)["steps"]] == [41, 42, 43]
+  (trace,) = metrics.trace_files(workdir)
+  assert [step for step, _ in metrics.profile_summary(trace)["steps"]] == [41, 42, 43]
   with gzip.open(trace, "rt") as f:
     names = {event.get("name") for event in json.load(f)["traceEvents"]}
   assert "backend_compile_and_load" not in names      # what JAX's trace shows for a compile

@@ -13,8 +13,8 @@ import pytest
 import tiny
 
 from research import experiments
+from research.training.config import apply_overrides
 from research.training.train_step import init_state, make_optimizer, make_train_step
-from research.training.validation import apply_overrides
 
 sys.path.insert(0, os.path.join(tiny.ROOT, "experiments"))
 import nmt_dates  # noqa: E402

@@ -5,9 +5,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 
 import pytest
 import tiny
+
+from research.training.parallel import STOP_LAG
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group("multiprocess")]
 
@@ -49,6 +52,37 @@ def _assert_same_records(records, reference):
 
 def _checkpoints(workdir: str) -> list[int]:
   return sorted(int(name) for name in os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+# Process PROCESS of two, at ADDRESS: process 1 gets SIGTERM after step 4; prints the step
+# it stops after and the signal.
+AGREEMENT = """
+import sys
+import jax
+address, process = sys.argv[1], int(sys.argv[2])
+jax.distributed.initialize(address, num_processes=2, process_id=process)
+from research.training.parallel import StopAgreement
+agreement = StopAgreement()
+for step in range(1, 30):
+  stop = agreement.stop_signal(step, 15 if process == 1 and step >= 4 else 0)
+  if stop:
+    break
+print(step, stop)
+"""
+
+
+def test_two_processes_agree_on_the_step_and_the_signal_to_stop_with():
+  """Through the gather across the processes: both stop after step 4 + STOP_LAG, with the
+  SIGTERM that process 1 alone got."""
+  address = f"localhost:{_free_port()}"
+  processes = [subprocess.Popen([sys.executable, "-c", AGREEMENT, address, str(i)],
+                                cwd=tiny.ROOT, env=tiny.environment(devices=2),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+  for p in processes:
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stderr[-3000:]
+    assert stdout.splitlines()[-1] == f"{4 + STOP_LAG} 15"   # after Gloo's lines
 
 
 @pytest.mark.long

@@ -11,8 +11,8 @@ import pytest
 import tiny
 
 from research.errors import ConfigError
+from research.training.config import apply_overrides, parse_value
 from research.training.loop import train
-from research.training.validation import apply_overrides, parse_value
 
 sys.path.insert(0, os.path.join(tiny.ROOT, "experiments"))
 import char_lm  # noqa: E402

@@ -22,14 +22,14 @@ import tiny
 
 from research import experiments
 from research.errors import CheckpointMismatchError, ConfigError, WorkdirError
-from research.experiments import registry
 from research.training import ProvenanceWarning, provenance, restore, train_and_evaluate
+from research.training import experiment as registry
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
+from research.training.config import apply_overrides
 from research.training.experiment import Report
 from research.training.run import UnreadableCheckpointWarning, evaluate_checkpoint
 from research.training.train_step import init_state, make_optimizer
-from research.training.validation import apply_overrides
 
 sys.path.insert(0, os.path.join(tiny.ROOT, "experiments"))
 import kernel_regression  # noqa: E402

@@ -5,14 +5,15 @@ import math
 import ml_collections
 import pytest
 
-from research.training.config import base_config, parse_variants
-from research.training.validation import (
+from research.training.config import (
   ConfigError,
   apply_overrides,
+  base_config,
   check_base_keys,
   check_host_memory,
   check_shared,
   parse_value,
+  parse_variants,
 )
 
 

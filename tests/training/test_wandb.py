@@ -11,11 +11,9 @@ import pytest
 import tiny
 
 from research.errors import ConfigError
-from research.training.config import base_config
+from research.training.config import apply_overrides, base_config, check_shared
 from research.training.loop import train_and_evaluate
-from research.training.metrics import MetricsWriter
-from research.training.validation import apply_overrides, check_shared
-from research.training.wandb_writer import WandbRun
+from research.training.metrics import MetricsWriter, WandbRun
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ def _loaded(spec: str, overrides: dict):
   """launch.py's config `spec` (FILE:VARIANTS) with `overrides` applied."""
   sys.path.insert(0, ROOT)
   import launch  # noqa: PLC0415
-  from research.training.validation import apply_overrides  # noqa: PLC0415
+  from research.training.config import apply_overrides  # noqa: PLC0415
 
   loaded, _ = launch.load_config(spec)
   return apply_overrides(loaded, overrides)
