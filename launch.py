@@ -1,45 +1,10 @@
 """Runs an experiment: python launch.py --config experiments/NAME.py[:ARGS] --workdir DIR
-[--config.key=value ...] [--sweep] [--compile_only=TARGET] [--verbose], evaluates a run's
-checkpoint again: python launch.py --workdir DIR --eval_only [--step N], or exports it:
-python launch.py --workdir DIR --export [--step N].
-
-With no flags it runs the default experiment into a new directory under runs/. The
-config file is loaded once; `--config.key=value` overrides are checked, then applied by
-ml_collections' config_flags. Every error a user can cause (a config file that does not
-parse, a bad key or value, a flag without its value, an argument that is no flag, an
-unusable or busy workdir, a malformed corpus) prints one line `error: ...` and exits
-with status 2 before anything is compiled (`--verbose` shows the traceback and the
-libraries' logs). Rerunning a command resumes its workdir.
-An exception in any other thread ends the run too, in one line and status 1
-(`research.training.thread_failures`).
-
-`--compile_only=TARGET` compiles the train and eval steps for TARGET instead of training
-(`research.training.compile_only`; with `--sweep`, every point of the sweep): the same
-checks first, the same workdir rules (a workdir a training run of this config, or this
-sweep, would refuse: a live run's, another config's), and nothing written unless every
-step compiles. An override is checked in each spelling absl reads (`-config.KEY` or
-`--config.KEY`, `=VALUE` or the next argument, `--noconfig.KEY`).
-
-`--eval_only` evaluates the checkpoint of step N (default: the latest that reads; one line
-`warning: ...` names each unreadable one passed over) of the run in --workdir, with that
-run's own config (its config.json, checked as a launched config is: no --config or override
-is taken), on the validation split and the experiment's test report, into eval_step_N.json
-there (`research.training.eval_only`); it writes nothing else, and takes no lock (a live
-run's workdir evaluates too). A workdir it cannot write is refused before anything is
-compiled. Not with --sweep or --compile_only.
-
-`--export` writes the checkpoint of step N (default: the latest that reads, as for
---eval_only) of the run in --workdir into export_step_N/ there, for use without this
-package: its parameters (params.safetensors), its inference function serialized by
-jax.export for CPU, CUDA and TPU (inference.jax_exported) and what calling it takes
-(metadata.json) (`research.training.export`: a kill leaves the old export_step_N or the
-new one). Like --eval_only it takes the run's own config, writes nothing else and takes no
-run lock; not with --eval_only, --sweep or --compile_only.
-
-Exit status: 0 done (or stopped by SIGTERM after saving a checkpoint), 1 the run failed
-(a non-finite loss, a failed save, an exception in another thread), 2 a user error,
-130 stopped by Ctrl-C: after saving the current step, or, for a second Ctrl-C (or one
-before the loop), at once, in one line naming the latest checkpoint saved in the workdir.
+[--config.key=value ...] [--sweep] [--compile_only=TARGET] [--verbose] (no flags: the default
+experiment into a new directory under runs/; rerunning a command resumes its workdir),
+evaluates a run's checkpoint again: python launch.py --workdir DIR --eval_only [--step N], or
+exports it: python launch.py --workdir DIR --export [--step N]. A user error is one line
+`error: ...` and status 2 before anything is compiled; docs/running.md has the flags and the
+exit statuses, docs/trained_runs.md --eval_only and --export.
 """
 
 import sys

@@ -1,16 +1,7 @@
-"""Orbax checkpoints of the train state and the data iterator, with resume and fallback.
-
-What is never lost:
-- A checkpoint that cannot be read (truncated, corrupt) is moved to
-  `<directory>_unreadable/<step>` (or `<step>.1`, `<step>.2`, ... when an earlier copy of
-  that step is there already: nothing set aside is ever replaced) and the previous one
-  is tried.
-- A checkpoint that reads but whose parameter tree differs from the model's (the code
-  renamed or reshaped a parameter) stops the run with CheckpointMismatchError naming the
-  first differing path and both shapes; every checkpoint stays where it was.
-- A save that fails (a full disk) stops the run at the next step with
-  CheckpointSaveError; the last complete checkpoint stays readable (Orbax writes a
-  step into a temporary directory and renames it only once complete).
+"""Orbax checkpoints of the train state and the data iterator (asynchronous, the last N kept),
+with resume from the latest one that reads and nothing ever lost: an unreadable checkpoint is
+set aside, a changed model or a failed save stops the run with the last complete checkpoint
+kept (`Checkpoints`; docs/running.md, "What a run survives").
 """
 
 import os
@@ -42,7 +33,20 @@ class Restored(NamedTuple):
 
 class Checkpoints:
   """Async, keep-N checkpoints in `directory`, each holding the train state, the data
-  iterator's state and the per-step metrics not logged yet (JSON)."""
+  iterator's state and the per-step metrics not logged yet (JSON).
+
+  What is never lost:
+  - A checkpoint that cannot be read (truncated, corrupt) is moved to
+    `<directory>_unreadable/<step>` (or `<step>.1`, `<step>.2`, ... when an earlier copy of
+    that step is there already: nothing set aside is ever replaced) and the previous one is
+    tried (`restore_latest`).
+  - A checkpoint that reads but whose parameter tree differs from the model's (the code
+    renamed or reshaped a parameter) stops the run with CheckpointMismatchError naming the
+    first differing path and both shapes; every checkpoint stays where it was.
+  - A save that fails (a full disk) stops the run at the next step with
+    CheckpointSaveError (`raise_if_failed`); the last complete checkpoint stays readable
+    (Orbax writes a step into a temporary directory and renames it only once complete).
+  """
 
   def __init__(self, directory: str, keep: int, is_async: bool = True):
     self.directory = os.path.abspath(directory)

@@ -1,31 +1,8 @@
-"""`launch.py --compile_only=TARGET`: an experiment's steps compiled for hardware not here.
-
-Builds the experiment as training would (model, optimizer, the largest batch, the
-state replicated and the batch split over the target's devices by the `jit` mesh
-strategy), compiles its train and eval steps deviceless for TARGET (`research.aot.targets`),
-trains nothing, and writes `compile_report.json` into the workdir:
-
-  target, platform, device_kind, chips          what it was compiled for
-  config                                        the experiment's workload, model.dtype, batch
-  attention                                     {platform: the implementation each call runs
-                                                there}, per call, as traced (so a T4 shows
-                                                our Triton kernel where cuDNN cannot run)
-  steps.train / steps.eval                      per device: bytes (argument, output, temp,
-                                                code, total), chip_memory_bytes, fits,
-                                                compile_seconds, kernels (custom calls),
-                                                collectives, flops (where XLA counts them)
-
-`compile_sweep` does it for every point of a sweep: each point's report in its own
-subdirectory (named as `--sweep` names it), and compile_summary.md beside them.
-
-A user error is refused as training refuses it (one line, `ConfigError` / `WorkdirError`),
-and everything is checked before the first compile: the config and every sweep point, the
-target (its name, its toolchain, the batch split over its devices), the workdir (not a
-file or under one, writable, not held by a live run: `research.training.workdir.hold`,
-whose lock the compile holds; not a workdir a training run of this config would refuse:
-`workdir.check_config`, and `sweep.check_sweep_workdir` for a sweep's root). A step that does not fit the device, or that an attention
-implementation cannot do there, is refused in one line naming what it needs and what the
-chip has; nothing is written unless every step compiled: the workdir is left as found.
+"""`launch.py --compile_only=TARGET`: an experiment's train and eval steps built as training
+builds them and compiled deviceless for hardware not here (`research.aot.targets`), to know
+whether a step fits the chip and what it runs there before renting one; it trains nothing,
+and writes compile_report.json (for a sweep, one per point and compile_summary.md) only once
+every step compiled. docs/accelerators.md, "Compiling for hardware you don't have".
 """
 
 import contextlib
@@ -79,8 +56,8 @@ def validate(config, experiment: Experiment) -> None:
 
 def compile_only(config, workdir: str, experiment: Experiment, target: str) -> dict:
   """Compiles config's train and eval steps for `target` (a name of research.aot.targets);
-  returns the report, also written to workdir/compile_report.json (see the module
-  docstring for what is refused)."""
+  returns the report (`compile_report`), also written to workdir/compile_report.json; what
+  is refused: `compile_sweep`."""
   (result,) = compile_sweep(config, None, workdir, experiment, target).values()
   return result
 
@@ -90,8 +67,21 @@ def compile_sweep(config, points: list[dict] | None, workdir: str, experiment: E
   """Compiles every point of `points` (a config module's get_sweep(); None: config itself)
   for `target`; returns {point name: report} ({"": report} for config itself).
 
-  Writes each report into workdir/<point name>/ (workdir itself for config alone) and, for
-  a sweep, compile_summary.md; nothing at all if a point is refused (ConfigError naming it).
+  Writes each report into workdir/<point name>/ (workdir itself for config alone, a point's
+  directory named as `--sweep` names it) and, for a sweep, compile_summary.md beside them;
+  nothing at all if a point is refused (ConfigError naming it).
+
+  Builds each point as training would (model, optimizer, the largest batch, the state
+  replicated and the batch split over the target's devices by the `jit` mesh strategy). A
+  user error is refused as training refuses it (one line, ConfigError / WorkdirError), and
+  everything is checked before the first compile: the config and every sweep point, the
+  target (its name, its toolchain, the batch split over its devices), the workdir (not a file
+  or under one, writable, not held by a live run: `research.training.workdir.hold`, whose lock
+  the compile holds; not a workdir a training run of this config would refuse:
+  `workdir.check_config`, and `sweep.check_sweep_workdir` for a sweep's root). A step that
+  does not fit the device, or that an attention implementation cannot do there, is refused in
+  one line naming what it needs and what the chip has; nothing is written unless every step
+  compiled: the workdir is left as found.
   """
   validate(config, experiment)
   if points is None:
@@ -146,7 +136,21 @@ def compile_report(config, experiment: Experiment, name: str, target: targets.Ta
                    devices: tuple) -> dict:
   """The report of config's train and eval steps compiled for `target` (called `name`) on
   its compile-only `devices`; ConfigError if a step does not fit or cannot be compiled
-  there. Writes nothing."""
+  there. Writes nothing. Its keys:
+
+    target, platform, device_kind, chips   what it was compiled for
+    experiment, dtype, batch_size          the experiment's workload, model.dtype, batch
+    attention                              the implementations the attention calls run on the
+                                           target's platform, as traced, in call order without
+                                           repeats (`auto` gives a T4, where neither cuDNN nor
+                                           Triton can run, a portable strategy)
+    steps.train / steps.eval               per device (research.aot.report.analyze): bytes
+                                           (argument, output, temp, code, total),
+                                           chip_memory_bytes, fits, kernels (custom calls),
+                                           collectives, flops (where XLA counts them); and
+                                           compile_seconds
+    seconds                                the whole report's time, building included
+  """
   started = time.perf_counter()
   workload = (experiment.build_shapes or experiment.build)(config)
   strategy = parallel.MeshStrategy(devices, targets.COMPILER_OPTIONS.get(target.platform))

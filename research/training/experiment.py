@@ -1,27 +1,8 @@
 """The contract between an experiment and the runtime (`Experiment`, `Workload`, `Model`,
 `Inference`), and the registry experiments enter under their `config.experiment` name (the
-built-in ones when research.experiments is imported). An `Experiment` has
-
-  validate(config) -> None            raises ConfigError naming the key and the allowed values
-  build(config) -> Workload           model, data and pure loss / evaluation functions
-  build_model(config, read) -> Model  optional: the model alone, without the data, from the
-                                      config and the files the run wrote (`read(name)`);
-                                      `build` makes its model with it, and
-                                      `research.training.run.restore` needs it
-  build_shapes(config) -> Workload    optional: the same, with placeholder batches of the
-                                      largest shape (for compiling when the data is slow)
-  generates_data(config) -> bool  optional, with build_shapes: build(config) would generate
-                               its data (minutes), so the loop compiles build_shapes' step
-                               first; otherwise it builds (reading and checking the user's
-                               files) before compiling anything
-  inference(config, module, extras) -> Inference
-                                      optional: what the run's model answers, as one
-                                      function of the parameters and the inputs
-                                      (`launch.py --export`, research/training/export.py)
-
-and the loop, which is handed the Experiment, does the rest (devices, optimizer,
-checkpoints, metrics). Everything in a Workload except the data streams is a pure function
-of parameters, batches and keys.
+built-in ones when research.experiments is imported). The loop, handed an Experiment, does the
+rest (devices, optimizer, checkpoints, metrics); everything in a Workload except the data
+streams is a pure function of parameters, batches and keys.
 """
 
 from collections.abc import Callable
@@ -103,12 +84,16 @@ class Inference(NamedTuple):
 
 
 class Experiment(NamedTuple):
-  """An experiment as the loop receives it: how to check a config and build its workload."""
+  """An experiment as the loop receives it: how to check a config and build its workload
+  (`validate`, `build`), and optionally its compile-only shapes, its model alone (for
+  `research.training.run.restore`) and its inference function (for `launch.py --export`)."""
   name: str                                        # the value of config.experiment
   validate: Callable[[Any], None]
-  # validate(config): ConfigError for a bad config.model / config.data value, before any build.
+  # validate(config): ConfigError naming the bad config.model / config.data key and the
+  # allowed values, before any build.
   build: Callable[[Any], Workload]
-  # build(config) -> Workload for a validated config; InputError for a malformed user file.
+  # build(config) -> Workload (model, data and pure loss / evaluation functions) for a
+  # validated config; InputError for a malformed user file.
   build_shapes: Callable[[Any], Workload] | None = None
   # build_shapes(config) -> a Workload to compile, not train (`--compile_only`): the real
   # model, loss and evaluation, with batches of the largest shape training meets, without
@@ -116,15 +101,18 @@ class Experiment(NamedTuple):
   generates_data: Callable[[Any], bool] | None = None
   # generates_data(config): True when build(config) would spend minutes making data (the
   # loop then compiles build_shapes(config)'s step first, refusing what cannot run before
-  # the wait). None: never.
+  # the wait; otherwise it builds, reading and checking the user's files, before compiling
+  # anything). None: never.
   build_model: Callable[[Any, Callable[[str], str]], Model] | None = None
   # build_model(config, read) -> Model for the config of a run, without reading or generating
   # its data: read(name) is the text of a file the run wrote into its workdir (one of the
-  # Workload's `files`; `build` passes those it is about to write). None: its runs cannot be
-  # restored.
+  # Workload's `files`; `build` makes its model with it, passing those it is about to write).
+  # None: its runs cannot be restored (research.training.run.restore needs it).
   inference: Callable[[Any, Any, dict[str, Any]], Inference] | None = None
   # inference(config, module, extras) -> Inference for a run's config and the module and
-  # extras of its build_model. None: its runs cannot be exported.
+  # extras of its build_model: what the run's model answers, as one function of the
+  # parameters and the inputs (`launch.py --export`, research/training/export.py). None: its
+  # runs cannot be exported.
 
 
 # ---- The registry -----------------------------------------------------------------------------

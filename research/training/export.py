@@ -1,63 +1,8 @@
-"""A run's model for use without this package: `python launch.py --workdir DIR --export [--step N]`.
-
-`export_run(workdir, step=None)` restores the run (research.training.run.restore: its own
-config.json and the checkpoint of `step`, by default the latest that reads) and writes
-DIR/export_step_<step>/:
-
-  params.safetensors      the parameters alone (no optimizer state), float32 as the checkpoint
-                          holds them, each named by its path in the tree
-                          ("encoder/embed/embedding"); the file's metadata: experiment, step
-  inference.jax_exported  the experiment's inference function (Experiment.inference: nmt_dates'
-                          greedy decoding, char_lm's next-byte logits, listops' class logits,
-                          sequence_tasks' outputs, kernel_regression's estimates) serialized by
-                          `jax.export` for CPU, CUDA and TPU in one program, the parameters
-                          inside it as constants and the batch axis of every input symbolic
-                          (any size)
-  metadata.json           experiment, step, config; the inputs and outputs in call order (name,
-                          shape with "b" for the batch, dtype, meaning) and what making the
-                          inputs and reading the outputs needs (`about`: vocabularies, token
-                          ids, kernels); the platforms; jax's version; each program's file,
-                          platforms, batch ("any" or its size) and custom calls, and those
-                          among them without jax.export's compatibility guarantee (kernels such
-                          as cuDNN's flash attention or XLA's Triton calls, whose interface may
-                          change: another jax may refuse to run them)
-
-A Python process with jax and flatbuffers (which jax.export's deserialization imports), and
-not this package, runs it:
-
-    import jax, numpy as np
-    with open("export_step_1000/inference.jax_exported", "rb") as f:
-      exported = jax.export.deserialize(f.read())
-    outputs = exported.call(source, source_lengths)     # {"tokens": ..., "attention": ...}
-
-The parameters are constants of the program: calling it needs neither params.safetensors
-(which serves other tools) nor the parameter tree's structure.
-
-Where a platform cannot lower with a symbolic batch (a Pallas kernel with the batch in its
-grid or blocks: XLA's Triton attention on CUDA; the attention's dispatch traces every
-platform's kernel, so a masked attention, listops', takes no symbolic batch on any platform),
-it gets the run's config.train.batch_size; the platforms of each batch share a program, the
-first platform's in inference.jax_exported, the other in inference.<platforms>.jax_exported
-(a char_lm transformer: inference.jax_exported for CPU and TPU, any batch, and
-inference.cuda.jax_exported, batch 32). A platform that lowers with neither (its toolchain
-missing: the `aot` extra's cuDNN, CUDA plugin) is left out and named, with the first line of
-its error, in metadata.json's `not_exported`.
-
-Nothing else in the workdir is written, and the run's lock is not taken (a live run's workdir
-exports too, at its latest complete checkpoint that reads). An export_step_<step> there already
-is replaced whole once the new one is complete: written into a temporary directory beside it,
-.export_step_<step>.XXXXXXXX, then exchanged with it in one step (Linux's renameat2), so that
-a kill at any moment leaves the old export or the new one at export_step_<step>; where the
-filesystem cannot exchange (not Linux, NFS) two renames do, and a kill between them leaves the
-old one aside as .export_step_<step>.XXXXXXXX.old. Each export holds the workdir's export lock
-(an flock on the directory itself: no file), and removes what dead exports left (their
-temporaries; an old export aside goes back to its name) just before it writes, so a live
-export's temporary is never removed.
-
-Refused in one line with nothing written, before anything is compiled (a
-research.errors.UserError): what restore refuses (a config.json today's checks refuse
-included); an experiment registered without `inference`; a workdir that cannot be written,
-or whose export_step_<step> is not a directory; a workdir another live export holds.
+"""A run's model for use without this package, `launch.py --workdir DIR --export [--step N]`:
+`export_run` writes the parameters (safetensors) and the experiment's inference function
+serialized by `jax.export` for CPU, CUDA and TPU into DIR/export_step_<step>/, with what
+calling it takes, replacing an export there only once the new one is complete (a kill leaves
+the old or the new one). docs/trained_runs.md, "Export the model".
 """
 
 import contextlib
@@ -104,8 +49,55 @@ class Program(NamedTuple):
 def export_run(workdir: str, step: int | None = None, platforms: tuple[str, ...] = PLATFORMS
                ) -> tuple[str, dict]:
   """(the directory written, its metadata.json) for the run in `workdir` at the checkpoint of
-  `step` (None: the latest), its inference function exported for `platforms` (those whose
-  lowering works; the first must)."""
+  `step` (None: the latest that reads), its inference function exported for `platforms`
+  (those whose lowering works; the first must).
+
+  Restores the run (research.training.run.restore: its own config.json and the checkpoint of
+  `step`) and writes workdir/export_step_<step>/:
+
+    params.safetensors      the parameters alone (no optimizer state), float32 as the
+                            checkpoint holds them, each named by its path in the tree
+                            ("encoder/embed/embedding"); the file's metadata: experiment, step
+    inference.jax_exported  the experiment's inference function (Experiment.inference:
+                            nmt_dates' greedy decoding, char_lm's next-byte logits, listops'
+                            class logits, sequence_tasks' outputs, kernel_regression's
+                            estimates) serialized by `jax.export` for CPU, CUDA and TPU in one
+                            program, the parameters inside it as constants and the batch axis
+                            of every input symbolic (any size; see `export_programs` for the
+                            platforms that cannot)
+    metadata.json           experiment, step, config; the inputs and outputs in call order
+                            (name, shape with "b" for the batch, dtype, meaning) and what
+                            making the inputs and reading the outputs needs (`about`:
+                            vocabularies, token ids, kernels); the platforms, and those left
+                            out with the first line of their error (`not_exported`); jax's
+                            version; each program's file, platforms, batch ("any" or its size)
+                            and custom calls, and those among them without jax.export's
+                            compatibility guarantee (kernels such as cuDNN's flash attention or
+                            XLA's Triton calls, whose interface may change: another jax may
+                            refuse to run them)
+
+  A Python process with jax and flatbuffers (which jax.export's deserialization imports), and
+  not this package, runs it:
+
+      import jax, numpy as np
+      with open("export_step_1000/inference.jax_exported", "rb") as f:
+        exported = jax.export.deserialize(f.read())
+      outputs = exported.call(source, source_lengths)     # {"tokens": ..., "attention": ...}
+
+  The parameters are constants of the program: calling it needs neither params.safetensors
+  (which serves other tools) nor the parameter tree's structure.
+
+  Nothing else in the workdir is written, and the run's lock is not taken (a live run's
+  workdir exports too, at its latest complete checkpoint that reads). An export_step_<step>
+  there already is replaced whole once the new one is complete (`publish`), under the
+  workdir's export lock (`exporting`), after removing what dead exports left
+  (`remove_dead_exports`).
+
+  Refused in one line with nothing written, before anything is compiled (a
+  research.errors.UserError): what restore refuses (a config.json today's checks refuse
+  included); an experiment registered without `inference`; a workdir that cannot be written,
+  or whose export_step_<step> is not a directory; a workdir another live export holds.
+  """
   run = restore(workdir, step)
   if run.experiment.inference is None:
     raise ConfigError(f"workdir {workdir} holds a run of the experiment {run.experiment.name!r}, "
@@ -153,7 +145,14 @@ def export_programs(inference, params, platforms: tuple[str, ...], batch_size: i
   batch in its grid or blocks cannot), else with `batch_size`, one program for each batch
   (the first platform's first, in EXPORTED; the other in EXPORTED_IN its platforms), and a
   platform that lowers with neither left out. The first platform must lower: its error is
-  raised."""
+  raised.
+
+  A platform that cannot lower with a symbolic batch: a Pallas kernel with the batch in its
+  grid or blocks (XLA's Triton attention on CUDA; the attention's dispatch traces every
+  platform's kernel, so a masked attention, listops', takes no symbolic batch on any
+  platform). A char_lm transformer gives inference.jax_exported for CPU and TPU, any batch,
+  and inference.cuda.jax_exported, batch 32. One that lowers with neither: its toolchain
+  missing (the `aot` extra's cuDNN, CUDA plugin)."""
   symbolic, = jax.export.symbolic_shape(BATCH)
   function = jax.jit(lambda *inputs: inference.function(params, *inputs))
 
@@ -238,7 +237,8 @@ def publish(directory: str, write: Callable[[str], None]) -> None:
   which then takes its place in one step (`_swap_in`); one there before is removed. Called
   under `exporting`. A kill at any moment leaves the old export or the new one at
   `directory` (but where the filesystem cannot exchange two names: see `_swap_in`), and the
-  temporary, which the next export removes (`remove_dead_exports`)."""
+  temporary, which the next export removes (`remove_dead_exports`, just before it writes: a
+  live export's temporary is never removed)."""
   parent, name = os.path.split(directory)
   temporary = tempfile.mkdtemp(prefix=f".{name}.", dir=parent)
   try:

@@ -1,28 +1,7 @@
-"""train_and_evaluate(config, workdir, experiment): the one train loop behind every experiment.
-
-The loop is handed its experiment (a `research.training.experiment.Experiment`, e.g.
-`experiments.get(config.experiment)` from the registry), builds its workload and knows nothing
-of where experiments live.
-What a run guarantees:
-
-  kill -9, a crash      rerunning the command resumes from the latest checkpoint and
-                        reproduces the uninterrupted run's losses exactly
-  SIGTERM / Ctrl-C      a checkpoint of the current step is written first (Stopped)
-  a second Ctrl-C       stops at once (Interrupted), naming the latest saved checkpoint
-                        (or none), whenever it comes, however many follow
-  unreadable checkpoint set aside (never replacing an earlier copy), the previous one used
-  changed model         CheckpointMismatchError; every checkpoint stays where it was
-  a failed save         CheckpointSaveError at the next step; the last complete one stays
-  another thread fails  ThreadFailed at the next step (research/training/thread_failures.py)
-  NaN / Inf loss        NonFiniteLossError naming the step; the last good checkpoint stays
-  a second run          WorkdirError while a live run holds the workdir
-  another config        refused where the workdir holds checkpoints of a different config;
-                        a run that saved none (it failed before its first) is taken over:
-                        config.json replaced, its metrics set aside as a resume does
-  refused before start  (bad input, a step that cannot fit) the workdir as it was found
-  files read back       written whole (research/files.py); config.json that
-                        cannot be read refused, naming it
-"""
+"""train_and_evaluate(config, workdir, experiment): the one train loop behind every experiment,
+handed its experiment; top to bottom in `train`: the workdir's checks, the steps compiled from
+shapes, resume, the loop, the report. What a run survives (a kill, a signal, a full disk, a
+NaN): docs/running.md."""
 
 import contextlib
 import functools
@@ -150,6 +129,67 @@ def train_and_evaluate(config, workdir: str, experiment: Experiment) -> dict:
   return train(config, workdir, experiment)
 
 
+class Steps:
+  """The train and eval steps of one workload, compiled from shapes once per batch shape (a
+  length bucket, say), their refusals one-line ConfigErrors (compile.compile_checked); a train
+  step that does not fit is compiled again with each remedy the config admits, and the message
+  names what each would need (compile.compiled_remedies)."""
+
+  def __init__(self, config, experiment: Experiment, strategy):
+    self.config, self.experiment, self.strategy = config, experiment, strategy
+    self.optimizer = make_optimizer(config.train, config.model.get("dtype", "float32"))
+    self.schedule = learning_rate_schedule(config.train)
+    self.checked = device_checked(config.train.batch_size)
+    self.traces = 0                 # of the train step: 1 per batch shape, unless it retraces
+
+  @functools.cached_property
+  def keys(self) -> jax.Array:
+    """[2] keys, init's and the steps': made on first use (after a data file's error, which
+    comes before any compile)."""
+    return jax.random.split(root_key(self.config.seed, jax.local_devices()[0].platform))
+
+  def build(self, workload) -> "Steps":
+    """Steps for `workload`: its train state's shapes and train step, nothing compiled yet."""
+    self.workload, self.compiled = workload, {}
+    self.shapes, self.step = state_shapes_and_step(
+        workload, self.optimizer, self.schedule, self.strategy, *self.keys,
+        self.config.train.grad_accum_steps, on_trace=self._count_trace)
+    self.eval = compiled_eval_step(workload, self.strategy, self.shapes.params, self.checked)
+    return self
+
+  def _count_trace(self) -> None:
+    self.traces += 1
+
+  def train(self, batch) -> CompiledStep:
+    """The train step compiled for `batch`'s shapes, on first sight."""
+    key = tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch))
+    if key not in self.compiled:
+      rows = self.strategy.abstract_rows(batch)
+      self.compiled[key] = self.checked(
+          "train", functools.partial(self.strategy.compile_step, self.step, self.shapes, rows),
+          remedies=functools.partial(self._remedies, rows))
+    return self.compiled[key]
+
+  def _remedies(self, rows) -> list:
+    """The remedies a refusal of the train step for batches of `rows` compiles."""
+    def compile_variant(variant, workload):
+      shapes, step = state_shapes_and_step(workload, self.optimizer, self.schedule,
+                                           self.strategy, *self.keys,
+                                           variant.train.grad_accum_steps)
+      return self.strategy.compile_step(step, shapes, rows)
+    return compiled_remedies(self.config, jax.device_count(), self.workload,
+                             self.experiment.build_shapes or self.experiment.build,
+                             compile_variant)
+
+  def compile_seconds(self) -> float:
+    return sum(step.seconds for step in self.compiled.values())
+
+  def memory_mib(self) -> float:
+    """XLA's estimate of the largest compiled train step's memory on one device: arguments,
+    outputs, temporaries and code, less the donated buffers the outputs reuse."""
+    return max(step.memory["total"] for step in self.compiled.values()) / 2**20
+
+
 def train(config, workdir: str, experiment: Experiment,
           on_start: Callable[[], None] | None = None) -> dict:
   """Trains a config that `validate` accepted in `workdir`, resuming from its latest
@@ -160,193 +200,148 @@ def train(config, workdir: str, experiment: Experiment,
   Raises WorkdirError, ConfigError (a workdir of another config), InputError (a
   malformed data file), CheckpointMismatchError, Stopped (Interrupted for a Ctrl-C that
   ends it without a checkpoint of its step: a second one, or one before the loop), or a
-  RunFailed.
+  RunFailed. What a run survives: docs/running.md.
   """
+  train, started, hits_before = config.train, time.perf_counter(), cache_hits()
   try:
-    with workdirs.hold(workdir) as lease, WandbRun(config.wandb,
-                                                                 workdir) as wandb_run:
-      return _held(config, workdir, experiment, lease, wandb_run, on_start)
+    with workdirs.hold(workdir) as lease, WandbRun(config.wandb, workdir) as wandb_run:
+      # ---- The workdir's checks (nothing written before the steps compile) -------------------
+      workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT,
+                                             provenance.FILE),
+                             directories=(CHECKPOINTS, TENSORBOARD, WANDB, PROFILE))
+      taking_over = check_config(config, workdir)
+      if on_start is not None:
+        lease.on_start(on_start)
+      if taking_over and jax.process_index() == 0:
+        lease.on_start(lambda: print(taking_over, file=sys.stderr, flush=True))
+
+      # ---- Workload and the steps compiled from shapes (refusals before anything runs) -------
+      strategy = parallel.make_strategy(train.parallelism)
+      steps = Steps(config, experiment, strategy)
+      if experiment.generates_data is not None and experiment.generates_data(config):
+        largest = experiment.build_shapes(config)  # the largest step, before making the data
+        steps.build(largest).train(next(own_rows(largest.train_data)))
+        steps.traces = 0
+      workload = experiment.build(config)
+      own_rows(workload.train_data)
+      steps.build(workload)
+      host_batch = next(workload.train_data)
+      steps.train(host_batch)
+      steps.eval.compile(workload.eval_data[0])
+      with _writing(workdir):
+        lease.start()                   # the first write into the workdir (see workdir.hold)
+        _write_config(config, workdir)
+        _write_files(workload.files, workdir)
+      state = jax.jit(lambda rng: init_state(workload, steps.optimizer, rng),
+                      out_shardings=strategy.state_sharding)(steps.keys[0])
+
+      # ---- Resume -------------------------------------------------------------------------
+      checkpoints = Checkpoints(os.path.join(workdir, CHECKPOINTS), train.keep_checkpoints)
+      start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
+      if restored is not None:
+        start, state, unlogged = restored.step, restored.state, _from_json(restored.unlogged_metrics)
+        workload.train_data.set_state(restored.data)
+        host_batch = next(workload.train_data)
+        if jax.process_index() == 0:
+          print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
+      with _writing(workdir):
+        provenance.record(workdir, start)      # the code, versions, devices and command of this start
+      hyperparameters = flatten(json.loads(config.to_json_best_effort()))
+      wandb_run.start(hyperparameters, resumed=restored is not None)
+      writer = MetricsWriter(workdir, resume_step=start, config=hyperparameters, wandb_run=wandb_run)
+      state = strategy.put_state(state)
+
+      # ---- Loop -----------------------------------------------------------------------------
+      progress, rates, pending = Progress(train.num_steps, start), [], []
+      agreement = StopAgreement()
+      with (_closing(checkpoints, progress, writer), _stop_signals() as stop,
+            Profiler(train.profile_steps, workdir) as profiler):
+        try:
+          for step in range(start + 1, train.num_steps + 1):
+            with profiler.step(step):
+              if step > start + 1:
+                host_batch = next(workload.train_data)
+              state, metrics = steps.train(host_batch)(state, strategy.put_rows(host_batch))
+            profiler.after(step, state)
+            pending.append(metrics)
+            is_log = step % train.log_every == 0 or step == train.num_steps
+            # read once (a signal arriving later in the step waits a step), and agreed with the
+            # other processes (parallel.StopAgreement: from the step STOP_LAG back)
+            stopping = agreement.stop_signal(step, stop.signum)
+            if is_log or stopping:
+              unlogged += _check_finite(jax.device_get([strategy.host_metrics(m) for m in pending]),
+                                        step - len(pending) + 1, checkpoints.latest_step())
+              pending = []
+            if is_log:
+              means = {f"train/{k}": float(unlogged[-1][k] if k in STATE_METRICS  # the last step's
+                                           else np.mean([m[k] for m in unlogged])) for k in unlogged[0]}
+              rates.append(progress.update(step, means["train/loss"]))
+              writer.write(step, means)
+              unlogged = []
+            if step % train.eval_every == 0 or step == train.num_steps:
+              writer.write(step, evaluate_batches(steps.eval, strategy, state.params,
+                                                    workload.eval_data))
+              if jax.process_index() == 0:
+                plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))
+            if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
+              checkpoints.save(step, strategy.host_state(state), workload.train_data.get_state(),
+                               _to_json(unlogged))
+            checkpoints.raise_if_failed()
+            if thread_failures.failed():      # another thread's exception (launch.py records them)
+              checkpoints.raise_if_failed(wait=True)    # a failed save says so in its own words
+              latest = checkpoints.latest_step()
+              thread_failures.raise_if_failed(
+                  f"stopping at step {step}: " + ("no checkpoint was written yet" if latest is None
+                  else f"the last complete checkpoint (step {latest}) is kept; run the same "
+                  "command again to resume from it"))
+            if stopping:
+              checkpoints.raise_if_failed(wait=True)
+              raise Stopped(stopping, step, checkpoints.directory)
+        except OSError as error:
+          latest = checkpoints.latest_step()
+          kept = ("no checkpoint was written yet" if latest is None else
+                  f"the last complete checkpoint (step {latest}) is kept")
+          raise WriteError(f"cannot write {error.filename or workdir} ({error.strerror or error}); "
+                           f"stopping: {kept}. Make room and run the same command again to "
+                           "resume") from error
+
+      # ---- Final evaluation and report ------------------------------------------------------
+      final = {k: v for r in writer.history if r["step"] == train.num_steps for k, v in r.items()
+               if k != "step"}
+      if workload.report is not None:
+        report = workload.report(jax.device_get(strategy.host_state(state).params))
+        final |= report.metrics
+        with _writing(workdir):
+          _write_report(report, workdir)
+      final |= {"perf/compile_seconds": steps.compile_seconds(),
+                "perf/train_step_traces": steps.traces,
+                "perf/compile_cache_hits": cache_hits() - hits_before,
+                "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")]),
+                "perf/step_memory_mib": steps.memory_mib(), **_peak_memory_mib(),
+                "perf/wall_seconds": time.perf_counter() - started}
+      if jax.process_index() == 0:
+        with _writing(workdir):
+          write_json(os.path.join(workdir, FINAL_METRICS), final)
+      heatmaps = [f"{stem}.png" for stem in report.heatmaps] if workload.report is not None else []
+      wandb_run.images(train.num_steps, {os.path.splitext(name)[0]: os.path.join(workdir, name)
+                                         for name in (LOSS_PLOT, *heatmaps)})
+      wandb_run.summary(final)
+      return final
   except KeyboardInterrupt:
     raise Interrupted(workdir) from None
 
 
-def _held(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
-          wandb_run: WandbRun, on_start: Callable[[], None] | None) -> dict:
-  """`train` in a workdir it holds: the workdir's checks, then the run."""
-  workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT,
-                                         provenance.FILE),
-                         directories=(CHECKPOINTS, TENSORBOARD, WANDB,
-                                      PROFILE))
-  taking_over = check_config(config, workdir)
-  if on_start is not None:
-    lease.on_start(on_start)
-  if taking_over and jax.process_index() == 0:
-    lease.on_start(lambda: print(taking_over, file=sys.stderr, flush=True))
-  return _train(config, workdir, experiment, lease, wandb_run)
-
-
-def _train(config, workdir: str, experiment: Experiment, lease: workdirs.Lease,
-           wandb_run: WandbRun) -> dict:
-  train, started, hits_before = config.train, time.perf_counter(), cache_hits()
-
-  # ---- Workload, optimizer, the steps compiled from shapes (refusals before anything runs) ---
-  strategy = parallel.make_strategy(train.parallelism)
-  device = jax.local_devices()[0]
-  optimizer = make_optimizer(train, config.model.get("dtype", "float32"))
-  schedule = learning_rate_schedule(train)
-  # after a data file's error (no compile before it): keys made on first use
-  keys = functools.cache(lambda: jax.random.split(root_key(config.seed, device.platform)))
-  checked = device_checked(train.batch_size)
-  traces = []
-
-  def train_step_of(variant, workload):
-    """(the state's shapes, the train step) of config `variant` for `workload`."""
-    return state_shapes_and_step(workload, optimizer, schedule, strategy, *keys(),
-                                 variant.train.grad_accum_steps)
-
-  def remedies_for(workload, batch):
-    """The remedies a refusal of the train step for `batch` compiles (compile.compiled_remedies)."""
-    def compile_variant(variant, variant_workload):
-      shapes, step_fn = train_step_of(variant, variant_workload)
-      return strategy.compile_step(step_fn, shapes, strategy.abstract_rows(batch))
-    return lambda: compiled_remedies(config, jax.device_count(), workload,
-                                     experiment.build_shapes or experiment.build, compile_variant)
-
-  def steps(workload):
-    """The workload's train and eval steps, compiled per batch shape on first sight."""
-    shapes, step_fn = train_step_of(config, workload)
-
-    def traced_step(state, batch):
-      traces.append(1)
-      return step_fn(state, batch)
-
-    return (CompiledPerShape(lambda b: checked("train", lambda: strategy.compile_step(
-                traced_step, shapes, strategy.abstract_rows(b)), remedies=remedies_for(workload, b))),
-            compiled_eval_step(workload, strategy, shapes.params, checked))
-
-  if experiment.generates_data is not None and experiment.generates_data(config):
-    largest = experiment.build_shapes(config)   # the largest step, before making the data
-    steps(largest)[0].compile(next(own_rows(largest.train_data)))
-    traces.clear()
-  workload = experiment.build(config)
-  own_rows(workload.train_data)
-  train_step, eval_step = steps(workload)
-  host_batch = next(workload.train_data)
-  train_step.compile(host_batch)
-  eval_step.compile(workload.eval_data[0])
-  with _writing(workdir):
-    lease.start()                   # the first write into the workdir (see workdir.hold)
-    _write_config(config, workdir)
-    _write_files(workload.files, workdir)
-  state = jax.jit(lambda rng: init_state(workload, optimizer, rng),
-                  out_shardings=strategy.state_sharding)(keys()[0])
-
-  # ---- Resume -------------------------------------------------------------------------
-  checkpoints = Checkpoints(os.path.join(workdir, CHECKPOINTS), train.keep_checkpoints)
-  start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
-  if restored is not None:
-    start, state, unlogged = restored.step, restored.state, _from_json(restored.unlogged_metrics)
-    workload.train_data.set_state(restored.data)
-    host_batch = next(workload.train_data)
-    if jax.process_index() == 0:
-      print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
-  with _writing(workdir):
-    provenance.record(workdir, start)      # the code, versions, devices and command of this start
-  hyperparameters = flatten(json.loads(config.to_json_best_effort()))
-  wandb_run.start(hyperparameters, resumed=restored is not None)
-  writer = MetricsWriter(workdir, resume_step=start, config=hyperparameters, wandb_run=wandb_run)
-  state = strategy.put_state(state)
-
-  def evaluate(state) -> dict:
-    return evaluate_batches(eval_step, strategy, state.params, workload.eval_data)
-
-  # ---- Loop -----------------------------------------------------------------------------
-  progress, rates, pending = Progress(train.num_steps, start), [], []
-  agreement = StopAgreement()
-  with (_closing(checkpoints, progress, writer), _stop_signals() as stop,
-        Profiler(train.profile_steps, workdir) as profiler):
-    try:
-      for step in range(start + 1, train.num_steps + 1):
-        with profiler.step(step):
-          if step > start + 1:
-            host_batch = next(workload.train_data)
-          state, metrics = train_step.compile(host_batch)(state, strategy.put_rows(host_batch))
-        profiler.after(step, state)
-        pending.append(metrics)
-        is_log = step % train.log_every == 0 or step == train.num_steps
-        # read once (a signal arriving later in the step waits a step), and agreed with the
-        # other processes (parallel.StopAgreement: from the step STOP_LAG back)
-        stopping = agreement.stop_signal(step, stop.signum)
-        if is_log or stopping:
-          unlogged += _check_finite(jax.device_get([strategy.host_metrics(m) for m in pending]),
-                                    step - len(pending) + 1, checkpoints.latest_step())
-          pending = []
-        if is_log:
-          means = {f"train/{k}": float(unlogged[-1][k] if k in STATE_METRICS  # the last step's
-                                       else np.mean([m[k] for m in unlogged])) for k in unlogged[0]}
-          rates.append(progress.update(step, means["train/loss"]))
-          writer.write(step, means)
-          unlogged = []
-        if step % train.eval_every == 0 or step == train.num_steps:
-          writer.write(step, evaluate(state))
-          if jax.process_index() == 0:
-            plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))
-        if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
-          checkpoints.save(step, strategy.host_state(state), workload.train_data.get_state(),
-                           _to_json(unlogged))
-        checkpoints.raise_if_failed()
-        if thread_failures.failed():      # another thread's exception (launch.py records them)
-          checkpoints.raise_if_failed(wait=True)    # a failed save says so in its own words
-          latest = checkpoints.latest_step()
-          thread_failures.raise_if_failed(
-              f"stopping at step {step}: " + ("no checkpoint was written yet" if latest is None
-              else f"the last complete checkpoint (step {latest}) is kept; run the same "
-              "command again to resume from it"))
-        if stopping:
-          checkpoints.raise_if_failed(wait=True)
-          raise Stopped(stopping, step, checkpoints.directory)
-    except OSError as error:
-      latest = checkpoints.latest_step()
-      kept = ("no checkpoint was written yet" if latest is None else
-              f"the last complete checkpoint (step {latest}) is kept")
-      raise WriteError(f"cannot write {error.filename or workdir} ({error.strerror or error}); "
-                       f"stopping: {kept}. Make room and run the same command again to "
-                       "resume") from error
-
-  # ---- Final evaluation and report ------------------------------------------------------
-  final = {k: v for r in writer.history if r["step"] == train.num_steps for k, v in r.items()
-           if k != "step"}
-  if workload.report is not None:
-    report = workload.report(jax.device_get(strategy.host_state(state).params))
-    final |= report.metrics
-    with _writing(workdir):
-      _write_report(report, workdir)
-  final |= {"perf/compile_seconds": sum(train_step.seconds), "perf/train_step_traces": len(traces),
-            "perf/compile_cache_hits": cache_hits() - hits_before,
-            "perf/steps_per_second": statistics.median(rates[1:] or rates or [float("nan")]),
-            "perf/step_memory_mib": train_step.memory_mib(), **_peak_memory_mib(),
-            "perf/wall_seconds": time.perf_counter() - started}
-  if jax.process_index() == 0:
-    with _writing(workdir):
-      write_json(os.path.join(workdir, FINAL_METRICS), final)
-  heatmaps = [f"{stem}.png" for stem in report.heatmaps] if workload.report is not None else []
-  wandb_run.images(train.num_steps, {os.path.splitext(name)[0]: os.path.join(workdir, name)
-                                     for name in (LOSS_PLOT, *heatmaps)})
-  wandb_run.summary(final)
-  return final
-
-
 def state_shapes_and_step(workload, optimizer, schedule, strategy, init_rng, step_rng,
-                          grad_accum_steps: int):
+                          grad_accum_steps: int, on_trace: Callable[[], None] | None = None):
   """(the train state's shapes as `strategy` places them, the train step of `workload`
-  accumulating `grad_accum_steps` microbatches): what the loop and --compile_only compile,
-  and each remedy of a refusal (compile.compiled_remedies). An attention's refusal met while tracing the
-  init is a ConfigError."""
+  accumulating `grad_accum_steps` microbatches, calling `on_trace()` each time it is traced):
+  what the loop and --compile_only compile, and each remedy of a refusal. An attention's
+  refusal met while tracing the init is a ConfigError."""
   with refusals_as_config_errors():           # init traces the model's attention too
     shapes = strategy.abstract_state(jax.eval_shape(lambda r: init_state(workload, optimizer, r),
                                                     init_rng))
   return shapes, make_train_step(workload, optimizer, schedule, step_rng, strategy.axis_name,
-                                 grad_accum_steps)
+                                 grad_accum_steps, on_trace)
 
 
 def own_rows(stream):

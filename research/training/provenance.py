@@ -1,19 +1,7 @@
-"""Where a run came from: provenance.jsonl in its workdir, one JSON line per start.
-
-A run appends a record when it starts and again at each resume (process 0; the file is
-rewritten whole, research/files.py):
-
-  {"time": "2025-01-31T12:00:00+00:00", "step": 0,         the step it starts from
-   "argv": ["launch.py", "--config", ...],                 sys.argv
-   "git": {"commit": "<40 hex digits>", "changes": false}, the package's checkout, changes
-                                                           to its tracked files; or
-          {"commit": null, "reason": "not a git checkout"} (no git, a copy, an installed wheel)
-   "versions": {"python": "3.11.7", "jax": ..., "jaxlib": ..., "flax": ..., "optax": ...,
-                "orbax-checkpoint": ..., "research": ...},
-   "devices": {"platform": "cpu", "kind": "cpu", "count": 8, "processes": 1}}
-
-`research.training.restore` returns the records and warns in one line when today's versions
-or devices differ from those of the run's last start (`differences`).
+"""Where a run came from: provenance.jsonl in its workdir, one JSON line per start or resume
+(its step, command, checkout, versions and devices: `current`), which
+`research.training.restore` returns, warning when today's versions or devices differ from the
+last start's (`differences`); docs/trained_runs.md, "Where a run came from".
 """
 
 import datetime
@@ -76,7 +64,18 @@ def git_state(directory: str) -> dict:
 
 
 def current(step: int) -> dict:
-  """This process's record, for a run starting from `step`."""
+  """This process's record, for a run starting from `step` (a start or a resume):
+
+    {"time": "2025-01-31T12:00:00+00:00", "step": 0,         the step it starts from
+     "argv": ["launch.py", "--config", ...],                 sys.argv
+     "git": {"commit": "<40 hex digits>", "changes": false}, the package's checkout, changes
+                                                             to its tracked files; or
+            {"commit": null, "reason": "not a git checkout"} (no git, a copy, an installed
+                                                             wheel)
+     "versions": {"python": "3.11.7", "jax": ..., "jaxlib": ..., "flax": ..., "optax": ...,
+                  "orbax-checkpoint": ..., "research": ...},
+     "devices": {"platform": "cpu", "kind": "cpu", "count": 8, "processes": 1}}
+  """
   return {"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
           "step": step, "argv": list(sys.argv),
           "git": git_state(os.path.dirname(os.path.abspath(research.__file__))),

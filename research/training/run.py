@@ -1,69 +1,7 @@
-"""A trained run read back from its workdir: `restore(workdir, step=None) -> Run`.
-
-    from research.training import restore
-    run = restore("runs/nmt_dates")                  # its latest checkpoint
-    logits, weights = run.apply(source, source_lengths, target_in)   # the model's __call__
-    run.step, run.config.model.attention, run.history[-1], run.provenance[-1]["git"]
-
-A `Run` (a frozen dataclass) holds
-
-  workdir      the directory given
-  step         the step of the checkpoint restored
-  steps        the steps of every complete checkpoint there, ascending, less those found
-               unreadable (the later ones passed over for `step`)
-  config       the run's config.json, an ml_collections.ConfigDict
-  experiment   the registered Experiment of config.experiment (research.experiments.get)
-  model        the flax Module as the experiment trains it (Experiment.build_model)
-  params       the checkpoint's parameters (float32, also for a model.dtype=bfloat16 run),
-               replicated over the devices at hand (jax.devices()), whichever devices
-               trained them
-  extras       what the experiment's build_model returns beside the model, for answering
-               raw input: nmt_dates' vocabularies, level and lengths, listops' token ids,
-               kernel_regression's training points and test grid; {} for char_lm (bytes)
-               and sequence_tasks (see each experiment's build_model)
-  history      metrics.jsonl's records as they are now, oldest first ({"step": n,
-               "train/loss": ...}: later steps than `step` for an earlier checkpoint or a
-               live run)
-  provenance   provenance.jsonl's records, one per start of the run, oldest first
-               (research/training/provenance.py; [] for runs of earlier versions)
-
-and `run.apply(*args, **kwargs)`, model.apply({"params": params}, *args, **kwargs).
-
-Restoring reads the run's config.json, the files it wrote for its model (nmt_dates'
-vocabularies and lengths) and one checkpoint's parameters (not the optimizer state): it
-neither reads nor generates a data set (the data files need not be there), writes nothing
-into the workdir and leaves its lock alone, so a live run's workdir restores too (its latest
-complete checkpoint).
-
-The config.json read back (`read_config`, what restore, --eval_only and --export all read it
-with) passes what a launched config passes before anything is built: a file of at most
-workdir.MAX_BYTES whose groups nest at most workdir.MAX_DEPTH deep; the shared keys' types
-(those of base_config(), as config_flags keeps a launched config's) and values
-(config.check_shared_values; a shared key a run of an earlier version lacks at its
-default); the experiment's own checks (its validate), but for where the data was (the
-DATA_UNREAD keys: data.corpus, data.files, data.stdlib, data.dir), which restoring does not
-read. Not the devices: a run restores on any.
-
-The checkpoint read is that of `step`, or for None the latest that reads: as training falls
-back to its latest readable checkpoint, restore passes over those that cannot be read (cut
-short, corrupt), with an UnreadableCheckpointWarning (one line) naming each and the step used,
-but moves none aside (it writes nothing).
-
-Refused in one line (a research.errors.UserError: WorkdirError, ConfigError or
-CheckpointMismatchError), with nothing written: a workdir that does not exist, holds no run
-(no config.json) or a sweep (restore one of its points); a run without a checkpoint; a step
-that is not an int (2.0, "2", True: a ConfigError) or has no checkpoint (naming the steps
-there are); a step whose checkpoint cannot be read (naming those that read), or a run none
-of whose checkpoints reads; a config.json that cannot be read or parsed (a WorkdirError), or
-that the checks above refuse (a ConfigError naming config.json and the key: a wrong type, a
-value out of range, groups nested too deep, written under a key renamed since,
-workdir.RENAMED_KEYS); an experiment not registered, or registered without build_model; a config
-or a checkpoint that does not fit the model today's code builds (naming the first parameter
-whose path or shape differs).
-
-Warns (a ProvenanceWarning, one line) when today's versions of Python, jax, jaxlib, flax,
-optax, orbax-checkpoint or this package, or the devices, differ from those of the run's
-last start: the outputs may then differ from the run's in their last bits.
+"""A trained run read back from its workdir, `restore(workdir, step=None) -> Run`: its
+config, its model as the experiment builds it and one checkpoint's parameters, on the devices
+at hand, without its data or optimizer state, writing nothing and taking no lock (a live run's
+workdir restores too); and `--eval_only` (`evaluate_checkpoint`) over it. docs/trained_runs.md.
 """
 
 import contextlib
@@ -118,7 +56,35 @@ class UnreadableCheckpointWarning(RestoreWarning):
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """A run restored from its workdir (see the module docstring for each field)."""
+  """A run restored from its workdir (`restore`):
+
+      from research.training import restore
+      run = restore("runs/nmt_dates")                  # its latest checkpoint
+      logits, weights = run.apply(source, source_lengths, target_in)   # the model's __call__
+      run.step, run.config.model.attention, run.history[-1], run.provenance[-1]["git"]
+
+    workdir      the directory given
+    step         the step of the checkpoint restored
+    steps        the steps of every complete checkpoint there, ascending, less those found
+                 unreadable (the later ones passed over for `step`)
+    config       the run's config.json, an ml_collections.ConfigDict
+    experiment   the registered Experiment of config.experiment (research.experiments.get)
+    model        the flax Module as the experiment trains it (Experiment.build_model)
+    params       the checkpoint's parameters (float32, also for a model.dtype=bfloat16 run),
+                 replicated over the devices at hand (jax.devices()), whichever devices
+                 trained them
+    extras       what the experiment's build_model returns beside the model, for answering
+                 raw input: nmt_dates' vocabularies, level and lengths, listops' token ids,
+                 kernel_regression's training points and test grid; {} for char_lm (bytes)
+                 and sequence_tasks (see each experiment's build_model)
+    history      metrics.jsonl's records as they are now, oldest first ({"step": n,
+                 "train/loss": ...}: later steps than `step` for an earlier checkpoint or a
+                 live run)
+    provenance   provenance.jsonl's records, one per start of the run, oldest first
+                 (research/training/provenance.py; [] for runs of earlier versions)
+
+  and `run.apply(*args, **kwargs)`, model.apply({"params": params}, *args, **kwargs).
+  """
   workdir: str
   step: int
   steps: tuple[int, ...]
@@ -139,10 +105,30 @@ class Run:
 def restore(workdir: str | os.PathLike, step: int | None = None) -> Run:
   """The run in `workdir` at the checkpoint of `step` (None: the latest readable one).
 
-  Raises WorkdirError, ConfigError or CheckpointMismatchError, in one line, for what the
-  module docstring lists; warns with a ProvenanceWarning when today's versions or devices
-  differ from the run's, with an UnreadableCheckpointWarning when it passes over unreadable
-  checkpoints.
+  Reads the run's config.json (`read_config`), the files it wrote for its model (nmt_dates'
+  vocabularies and lengths) and one checkpoint's parameters (not the optimizer state): it
+  neither reads nor generates a data set (the data files need not be there), writes nothing
+  into the workdir and leaves its lock alone, so a live run's workdir restores too (its
+  latest complete checkpoint). The checkpoint read is that of `step`, or for None the latest
+  that reads: as training falls back to its latest readable checkpoint, restore passes over
+  those that cannot be read (cut short, corrupt), with an UnreadableCheckpointWarning (one
+  line) naming each and the step used, but moves none aside (`read_readable`).
+
+  Refused in one line (a research.errors.UserError: WorkdirError, ConfigError or
+  CheckpointMismatchError), with nothing written: a workdir that does not exist, holds no run
+  (no config.json) or a sweep (restore one of its points); a run without a checkpoint; a step
+  that is not an int (2.0, "2", True: a ConfigError) or has no checkpoint (naming the steps
+  there are); a step whose checkpoint cannot be read (naming those that read), or a run none
+  of whose checkpoints reads; a config.json that cannot be read or parsed (a WorkdirError), or
+  that `read_config`'s checks refuse (a ConfigError naming config.json and the key: a wrong
+  type, a value out of range, groups nested too deep, written under a key renamed since,
+  workdir.RENAMED_KEYS); an experiment not registered, or registered without build_model; a
+  config or a checkpoint that does not fit the model today's code builds (naming the first
+  parameter whose path or shape differs).
+
+  Warns (a ProvenanceWarning, one line) when today's versions of Python, jax, jaxlib, flax,
+  optax, orbax-checkpoint or this package, or the devices, differ from those of the run's
+  last start: the outputs may then differ from the run's in their last bits.
   """
   workdir = os.fspath(workdir)
   config, experiment = read_config(workdir)
@@ -218,8 +204,14 @@ def read_config(workdir: str) -> tuple[ml_collections.ConfigDict, Experiment]:
   """(the config.json of the run in `workdir`, its registered experiment): what every reader
   of a run's config uses (restore, --eval_only, --export).
 
-  The file is read bounded (workdir.read_config_json, as training reads it too) and checked
-  as a launched config is (`checked_shared`, `checked_by` its experiment). Raises
+  The file is read bounded (workdir.read_config_json, as training reads it too: at most
+  workdir.MAX_BYTES, groups nested at most workdir.MAX_DEPTH deep) and passes what a
+  launched config passes before anything is built (`checked_shared`, `checked_by` its
+  experiment): the shared keys' types (those of base_config(), as config_flags keeps a
+  launched config's) and values (config.check_shared_values; a shared key a run of an
+  earlier version lacks at its default); the experiment's own checks (its validate), but for
+  where the data was (the DATA_UNREAD keys), which restoring does not read. Not the devices:
+  a run restores on any. Raises
   WorkdirError where there is no run or its config.json cannot be read, ConfigError naming
   config.json and the key for one written under a key renamed since or that today's checks
   refuse, and `registered`'s errors.

@@ -1,18 +1,6 @@
-"""Sweeps: every point of a config's get_sweep() into its own subdirectory, plus a summary.
-
-The root workdir is held as a run's is (`research.training.workdir.hold`: refused while a
-live process holds it, left as found by a sweep refused before its first point starts) and
-records the sweep in sweep.json (its base config and points) once the first point starts.
-A root that holds a single run (config.json), or a sweep of other points or of another
-config (beyond workdir.RESUMABLE_KEYS and the keys every point sets), is refused; the same
-sweep command resumes it.
-
-A point whose final_metrics.json is there and readable is done and skipped; one whose
-file cannot be read (cut short by an older version's kill, say) is trained again, which
-resumes from its last checkpoint and writes the file anew. A point whose loss became NaN or
-Inf (a learning rate too high for it: a finding of the sweep, not a failure of it) is
-recorded as diverged, its final_metrics.json {"diverged": the loop's message}, and the sweep
-goes on; delete that file to train the point again.
+"""Sweeps: every point of a config's get_sweep() trained into its own subdirectory, plus a
+summary of their final metrics; the root workdir is held as a run's is and records the sweep
+(sweep.json), so that the same command resumes it (`run_sweep`; docs/running.md, "Sweeps").
 """
 
 import csv
@@ -80,7 +68,22 @@ def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment) 
   """Trains each point (resuming unfinished ones, skipping finished ones) and writes
   summary.csv / summary.md of the final metrics. Every point's config and the root workdir
   are checked once, before the first point starts. Returns one row per point: its
-  overrides + final metrics."""
+  overrides + final metrics.
+
+  The root workdir is held as a run's is (`research.training.workdir.hold`: refused while a
+  live process holds it, left as found by a sweep refused before its first point starts)
+  and records the sweep in sweep.json (its base config and points) once the first point
+  starts. A root that holds a single run (config.json), or a sweep of other points or of
+  another config (beyond workdir.RESUMABLE_KEYS and the keys every point sets), is refused
+  (`check_sweep_workdir`); the same sweep command resumes it.
+
+  A point whose final_metrics.json is there and readable is done and skipped; one whose file
+  cannot be read (cut short by an older version's kill, say) is trained again, which resumes
+  from its last checkpoint and writes the file anew. A point whose loss became NaN or Inf (a
+  learning rate too high for it: a finding of the sweep, not a failure of it) is recorded as
+  diverged, its final_metrics.json {"diverged": the loop's message}, and the sweep goes on;
+  delete that file to train the point again.
+  """
   configs = point_configs(config, points, experiment)
   with workdirs.hold(workdir) as lease:
     check_sweep_workdir(config, points, workdir)

@@ -1,30 +1,8 @@
-"""Exceptions of the other threads, and unraisable ones: recorded and reported, never swallowed.
-
-`watch(verbose)` (launch.py, for the whole command) installs `threading.excepthook` and
-`sys.unraisablehook`. The first exception that ends a thread other than the main one (ours,
-Orbax's, a data thread's), or the first unraisable one (raised where nothing can catch it:
-a finalizer, such as a file's flush on a full disk), is recorded, and the run ends with
-one line `error: ...` and status 1:
-
-  during training     the loop checks `failed()` at every step and raises `ThreadFailed`
-                      (a RunFailed: exit 1) after waiting for a pending save (one that
-                      failed says so in its own words instead): the last complete
-                      checkpoint is kept and named
-  a blocked main      the main thread not there within GRACE_SECONDS (blocked on what the
-  thread              failed thread was to deliver, a long evaluation, a compile): the
-                      process prints the line and ends itself (`os._exit(1)`) as a kill -9
-                      would, which a run survives: every complete checkpoint stays
-  after the work      launch.py waits for the other threads (`join_other_threads`, as the
-                      interpreter would at exit) and raises what they recorded; once it
-                      ends (`ending(status)`), a failure recorded later (a daemon thread,
-                      a finalizer at exit) ends the process at once with status 1 if the
-                      status was 0, and is not printed if an error was already
-
-With --verbose each one also prints its traceback as Python would. One unraisable is
-dropped, by a precise rule (`is_benign`): RuntimeError('Event loop is closed') raised in
-asyncio's `call_soon_threadsafe` called by native code, i.e. a tensorstore future that
-completes after the event loop of an abandoned Orbax save (a failed one) has closed:
-the save's failure is reported by the loop, and the callback has nothing left to run.
+"""Exceptions of the other threads (ours, Orbax's, a data thread's) and unraisable ones (a
+finalizer's, such as a file's flush on a full disk): recorded and reported, never swallowed.
+The first one ends the run in one line `error: ...` and status 1, every complete checkpoint
+kept, whether the main thread is training, blocked or done (`watch`); docs/running.md, "What
+a run survives".
 """
 
 import contextlib
@@ -113,7 +91,27 @@ _watch: _Watch | None = None     # the hooks are the process's: so is what they 
 
 
 def watch(verbose: bool) -> None:
-  """Installs the hooks (see the module docstring) for the rest of the process."""
+  """Installs `threading.excepthook` and `sys.unraisablehook` for the rest of the process
+  (launch.py, for the whole command). The first exception that ends a thread other than the
+  main one, or the first unraisable one (raised where nothing can catch it: a finalizer), is
+  recorded, and the run ends with one line `error: ...` and status 1:
+
+    during training     the loop checks `failed()` at every step and raises `ThreadFailed`
+                        (a RunFailed: exit 1) after waiting for a pending save (one that
+                        failed says so in its own words instead): the last complete
+                        checkpoint is kept and named
+    a blocked main      the main thread not there within GRACE_SECONDS (blocked on what the
+    thread              failed thread was to deliver, a long evaluation, a compile): the
+                        process prints the line and ends itself (`os._exit(1)`) as a kill -9
+                        would, which a run survives: every complete checkpoint stays
+    after the work      launch.py waits for the other threads (`join_other_threads`, as the
+                        interpreter would at exit) and raises what they recorded; once it
+                        ends (`ending(status)`), a failure recorded later (a daemon thread,
+                        a finalizer at exit) ends the process at once with status 1 if the
+                        status was 0, and is not printed if an error was already
+
+  With `verbose` each one also prints its traceback as Python would. One unraisable is
+  dropped (`is_benign`)."""
   global _watch
   _watch = _Watch(verbose)
   threading.excepthook = _watch.thread_exception
@@ -155,8 +153,11 @@ def join_other_threads() -> None:
 
 
 def is_benign(args) -> bool:
-  """The one unraisable dropped (see the module docstring): RuntimeError('Event loop is
-  closed') whose traceback starts in asyncio's call_soon_threadsafe (no Python caller)."""
+  """The one unraisable dropped: RuntimeError('Event loop is closed') whose traceback starts
+  in asyncio's call_soon_threadsafe (no Python caller: called by native code), i.e. a
+  tensorstore future that completes after the event loop of an abandoned Orbax save (a failed
+  one) has closed: the save's failure is reported by the loop, and the callback has nothing
+  left to run."""
   tb = args.exc_traceback
   return (args.exc_type is RuntimeError and str(args.exc_value) == "Event loop is closed"
           and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe"

@@ -139,7 +139,8 @@ def accumulated_gradients(loss: Callable, loss_weight: Callable | None, count: i
 
 
 def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axis_name: str | None,
-                    grad_accum_steps: int = 1) -> Callable:
+                    grad_accum_steps: int = 1,
+                    on_trace: Callable[[], None] | None = None) -> Callable:
   """step(state, batch) -> (state, metrics): one update from the batch, its gradient
   accumulated over `grad_accum_steps` microbatches (`accumulated_gradients`). The key of
   step n is fold_in(rng, n), so a resumed run draws the same dropout masks; under pmap each
@@ -147,9 +148,12 @@ def make_train_step(workload: Workload, optimizer, schedule, rng: jax.Array, axi
 
   With dynamic loss scaling (a `LossScaleState`) the gradients are those
   of S·loss, S read from the state, divided by S; the metrics add loss_scale and
-  skipped_steps after the update (a skipped step's grad_norm is inf or NaN)."""
+  skipped_steps after the update (a skipped step's grad_norm is inf or NaN). `on_trace()`,
+  where given, is called each time the step is traced (the loop counts retraces)."""
 
   def step(state: TrainState, batch):
+    if on_trace is not None:
+      on_trace()
     step_rng = jax.random.fold_in(rng, state.step)
     if axis_name is not None:
       step_rng = jax.random.fold_in(step_rng, lax.axis_index(axis_name))
