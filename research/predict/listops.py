@@ -1,6 +1,6 @@
 """listops: a restored run classifies ListOps expressions, with each layer's attention.
 
-  run = training.restore("runs/listops_cpu")
+  run = training.restore("runs/listops_cpu/model.attention=full")   # one point of the sweep
   result = predict.classify(run, ["( ( ( [MAX 2 ) 9 ) ] )", "[SM 4 [MIN 7 3 ] 8 ]"])
   result.labels                # [2]: each expression's predicted value, 0–9
   result.attention[0][1]       # layer 0, the second expression: [heads, P, P]
