@@ -58,7 +58,7 @@ CASES = [("nmt_dates", "tpu-v4-8"), ("sequence_tasks", "tpu-v5e-1"), ("sequence_
          ("listops_lra_bf16", "h100"), ("char_lm", "tpu-v4-8"), ("char_lm_transformer", "h100"),
          ("kernel_regression", "tpu-v5e-1"), ("listops_s5", "h100"), ("listops_s5", "tpu-v5e-1"),
          ("listops_lru", "h100"), ("listops_lru", "tpu-v5e-1"),
-         # the selective recurrences, each for both (six of them long: LONG)
+         # the selective recurrences, each for both (seven of them long: LONG)
          *((f"mqar_{kind}", target) for kind in SELECTIVE for target in ("h100", "tpu-v5e-1"))]
 # The cases left to the long tier (`python3 project.py long`), compiles a benchmark also makes
 # (`bench compile_targets`); the others stay in the suite.
@@ -66,7 +66,7 @@ LONG = {("nmt_dates", "tpu-v4-8"), ("listops_lra_bf16", "h100"), ("char_lm_trans
         ("listops_s5", "h100"), ("listops_s5", "tpu-v5e-1"), ("listops_lru", "h100"),
         ("listops_lru", "tpu-v5e-1"), ("mqar_mamba", "tpu-v5e-1"), ("mqar_mamba2", "h100"),
         ("mqar_mamba2", "tpu-v5e-1"), ("mqar_gla", "h100"), ("mqar_gla", "tpu-v5e-1"),
-        ("mqar_deltanet", "tpu-v5e-1")}
+        ("mqar_deltanet", "tpu-v5e-1"), ("mqar_deltanet", "h100")}
 LRA_LAYERS = 1
 # S5's and the LRU's ListOps presets, compiled with one of their blocks (8 and 4, each the
 # same; S5's eight take 150 s of a core for the H100): bench compile_targets compiles them

@@ -122,7 +122,7 @@ def test_each_device_splits_its_rows_into_the_microbatches(tmp_path, monkeypatch
     check_devices(config("sequence_tasks", tmp_path, **{"train.grad_accum_steps": 4}))
 
 
-@pytest.mark.parametrize("kind", long_cases(list(tiny.SELECTIVE), ("mamba2", "gla")))
+@pytest.mark.parametrize("kind", long_cases(list(tiny.SELECTIVE), ("mamba", "mamba2", "gla")))
 def test_accumulation_holds_for_each_selective_recurrence(kind):
   """4 microbatches of the block stack with Mamba, Mamba-2, GLA or DeltaNet in attention's
   place: the whole batch's gradient (nothing in these layers mixes the rows of a batch)."""

@@ -93,7 +93,7 @@ def test_float16_is_accepted_and_runs_the_products_in_float16(name):
   assert _products_and_loss_dtypes(task, params) == ("f16", jnp.float32)
 
 
-@pytest.mark.parametrize("kind", long_cases(list(tiny.SELECTIVE), ("mamba2", "gla")))
+@pytest.mark.parametrize("kind", long_cases(list(tiny.SELECTIVE), ("mamba", "mamba2", "gla")))
 def test_float16_runs_each_selective_recurrences_projections_in_float16_near_float32(kind):
   """Mamba, Mamba-2, GLA and DeltaNet in the block stack with model.dtype float16: their
   projections' products in float16 (the chunked recurrences' own products stay float32, as
