@@ -148,7 +148,7 @@ STRATEGIES = {"jit": MeshStrategy, "pmap": PmapStrategy}   # config.train.parall
 
 
 def make_strategy(name: str) -> Any:
-  """The strategy named by config.train.parallelism (checked by validation.check_shared)."""
+  """The strategy named by config.train.parallelism (checked by config.check_shared)."""
   return STRATEGIES[name]()
 
 
