@@ -6,6 +6,7 @@ import math
 import os
 import re
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -231,9 +232,50 @@ def check_divides(config, divisor_key: str, key: str) -> None:
 # research/training/train_step.py's dynamic_loss_scale)
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
-TRAIN_POSITIVE = ("num_steps", "batch_size", "grad_accum_steps", "log_every", "eval_every",
-                  "checkpoint_every", "keep_checkpoints", "learning_rate")
-TRAIN_NON_NEGATIVE = ("warmup_steps", "weight_decay", "grad_clip_norm")
+
+
+class Rule(NamedTuple):
+  """What a config key's value must be, as one row of a table that `check_rules` reads."""
+  type: type = float        # int: an int (not a bool); float: a number, int or float
+  bound: str = ""           # "> 0", ">= 0" (a finite number, an int within int32) or "[0, 1)"
+  choices: tuple = ()       # the values allowed (type and bound then unused)
+
+
+def check_rules(config, rules: dict[str, Rule]) -> None:
+  """Each key of `rules` that config holds (a run's config.json of an earlier version may
+  lack one) checked by its Rule, in the table's order: ConfigError naming the key and what
+  is allowed (check_choice's, check_positive's, check_rate's and check_int's messages)."""
+  for key, rule in rules.items():
+    group, _, name = key.rpartition(".")
+    if name not in (get(config, group) if group else config):
+      continue
+    if rule.choices:
+      check_choice(config, key, rule.choices)
+      continue
+    if rule.bound == "[0, 1)":
+      check_rate(config, key)
+    elif rule.bound:
+      check_positive(config, key, allow_zero=rule.bound == ">= 0")
+    if rule.type is int:
+      check_int(config, key)
+
+
+# The shared keys' rules (base_config's); config.train.profile_steps, config.distributed and
+# the sizes that must divide each other are checked in code (check_shared_values).
+SHARED_RULES = {
+    **{f"train.{key}": Rule(int, "> 0") for key in (
+        "num_steps", "batch_size", "grad_accum_steps", "log_every", "eval_every",
+        "checkpoint_every", "keep_checkpoints")},
+    "train.learning_rate": Rule(float, "> 0"),
+    "train.warmup_steps": Rule(int, ">= 0"),
+    "train.weight_decay": Rule(float, ">= 0"),
+    "train.grad_clip_norm": Rule(float, ">= 0"),
+    "train.recurrence_learning_rate": Rule(float, ">= 0"),
+    "train.adam_b2": Rule(float, "[0, 1)"),
+    "train.parallelism": Rule(choices=tuple(STRATEGIES)),
+    "train.schedule": Rule(choices=SCHEDULES),
+    "wandb.mode": Rule(choices=WANDB_MODES),
+}
 
 
 def check_shared(config) -> None:
@@ -246,21 +288,11 @@ def check_shared(config) -> None:
 def check_shared_values(config) -> None:
   """The values of base_config()'s keys, whatever this machine has installed: what a run's
   config read back from its workdir must pass too (research.training.run.read_config)."""
-  check_positive(config, *(f"train.{k}" for k in TRAIN_POSITIVE))
-  check_positive(config, *(f"train.{k}" for k in TRAIN_NON_NEGATIVE), allow_zero=True)
-  if "recurrence_learning_rate" in config.train:   # (absent from a config.json before it: 0)
-    check_positive(config, "train.recurrence_learning_rate", allow_zero=True)
-  check_int(config, *(f"train.{k}" for k in TRAIN_POSITIVE if k != "learning_rate"),
-            "train.warmup_steps")
+  check_rules(config, SHARED_RULES)
   check_divides(config, "train.log_every", "train.checkpoint_every")
   check_divides(config, "train.grad_accum_steps", "train.batch_size")
-  check_choice(config, "train.parallelism", STRATEGIES)
-  check_choice(config, "train.schedule", SCHEDULES)
-  if not (isinstance(config.train.adam_b2, (int, float)) and 0 <= config.train.adam_b2 < 1):
-    raise ConfigError(f"config.train.adam_b2={config.train.adam_b2!r} must be in [0, 1)")
   check_profile_steps(config)
   parallel.check_distributed(config)
-  check_choice(config, "wandb.mode", WANDB_MODES)
   check_numbers(config)
 
 
