@@ -109,7 +109,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.model = ml_collections.ConfigDict()   # LanguageModel's fields (the stack's keys:
                                                # research/experiments/stack_config.py)
-  config.model.kind = variant["model"]    # rnn | lstm | gru | transformer | lru | s5
+  config.model.kind = variant["model"]    # lstm | gru | transformer | a linear recurrence
   config.model.hidden_size = 256          # recurrent state / blocks' features
   config.model.num_layers = 1             # recurrent layers / blocks
   config.model.embed_size = 64            # recurrent: byte embedding size
