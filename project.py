@@ -122,9 +122,10 @@ def run_recorded(command: list[str], path: pathlib.Path) -> int:
 def ensure_environment(environment: pathlib.Path, extras: str) -> None:
   """Creates `environment` (a virtual environment) and installs `.[extras]` (and
   $RESEARCH_EXTRAS) unless an installation of those extras, or more, from this
-  pyproject.toml is there already."""
+  pyproject.toml and package version is there already."""
   extras = ",".join(filter(None, [extras, *os.environ.get("RESEARCH_EXTRAS", "").split(",")]))
-  digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+  digest = hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in (   # the version
+      "pyproject.toml", "research/__init__.py"))).hexdigest()        # is research.__version__
   interpreter = python(environment)
   if interpreter.exists() and installed(environment, extras, digest):
     return
@@ -143,7 +144,8 @@ def ensure_environment(environment: pathlib.Path, extras: str) -> None:
 
 def installed(environment: pathlib.Path, extras: str, digest: str) -> bool:
   """Whether `environment` holds `extras` (comma-separated), or more, installed from the
-  pyproject.toml of this `digest`: each installation leaves .installed-EXTRAS holding it."""
+  pyproject.toml and version of this `digest`: each installation leaves .installed-EXTRAS
+  holding it."""
   wanted = set(extras.split(",")) - {""}
   return any(wanted <= set(stamp.name.removeprefix(".installed-").split(","))
              and stamp.read_text() == digest for stamp in environment.glob(".installed-*"))

@@ -5,4 +5,4 @@ LSTM, GRU layers), research.models (the experiments' models), research.data, res
 and research.training (the train loop, checkpoints, sweeps).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

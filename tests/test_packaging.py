@@ -66,6 +66,14 @@ def test_every_api_in_the_table_is_one_the_code_calls():
       assert api in code, f"{api} is no longer called: drop it from FIRST_RELEASE_WITH"
 
 
+def test_the_version_is_the_changelogs_latest_release():
+  """research.__version__ is the newest numbered section of CHANGELOG.md (a release bumps
+  both; what comes after it gathers under Unreleased)."""
+  import research  # noqa: PLC0415
+  releases = re.findall(r"^## (\d+\.\d+\.\d+)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+  assert releases and releases[0] == research.__version__, (releases[:2], research.__version__)
+
+
 def test_license_build_backend_and_version():
   """A plain SPDX `license` string needs setuptools 77 (PEP 639); the LICENSE file is the
   license named; the installed distribution's version is the one the package reports."""
