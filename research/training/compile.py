@@ -105,27 +105,24 @@ def remedy_memory(groups: list, limit: int) -> list[str]:
   return tried
 
 
+def shapes_key(batch) -> tuple:
+  """The (shape, dtype) of each of batch's arrays: a step is compiled once per key (one per
+  length bucket, say)."""
+  return tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch))
+
+
 class CompiledPerShape:
-  """A step compiled once per distinct batch shape (one per length bucket, say)."""
+  """A step compiled once per distinct batch shape (`shapes_key`)."""
 
   def __init__(self, compile_for: Callable[[object], CompiledStep]):
     self.compile_for, self.compiled = compile_for, {}
 
   def compile(self, batch) -> CompiledStep:
     """The executable for batch's shapes, compiling it on first sight."""
-    key = tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch))
+    key = shapes_key(batch)
     if key not in self.compiled:
       self.compiled[key] = self.compile_for(batch)
     return self.compiled[key]
-
-  @property
-  def seconds(self) -> list[float]:
-    return [step.seconds for step in self.compiled.values()]
-
-  def memory_mib(self) -> float:
-    """XLA's estimate of the largest compiled step's memory on one device: arguments,
-    outputs, temporaries and code, less the donated buffers the outputs reuse."""
-    return max(step.memory["total"] for step in self.compiled.values()) / 2**20
 
 
 # ---- Remedies: what would make a train step fit, each compiled -----------------------------

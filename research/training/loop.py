@@ -34,6 +34,7 @@ from research.training.compile import (
   compiled_remedies,
   memory_bytes,
   refusals_as_config_errors,
+  shapes_key,
 )
 from research.training.config import check_devices, check_shared
 from research.training.experiment import Experiment
@@ -162,8 +163,8 @@ class Steps:
 
   def train(self, batch) -> CompiledStep:
     """The train step compiled for `batch`'s shapes, on first sight."""
-    key = tuple((x.shape, x.dtype) for x in jax.tree.leaves(batch))
-    if key not in self.compiled:
+    key = shapes_key(batch)        # (CompiledPerShape's cache, inline: no frame between the
+    if key not in self.compiled:   # loop and the compile in a traceback)
       rows = self.strategy.abstract_rows(batch)
       self.compiled[key] = self.checked(
           "train", functools.partial(self.strategy.compile_step, self.step, self.shapes, rows),
