@@ -32,23 +32,37 @@
 # quick mode: tiny models on a sample of the test split, so its numbers mean nothing.
 
 # %%
-# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
-# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
-# first. The checkout also goes on sys.path, so `research` imports in this running kernel
-# (pip's editable install is a .pth file, which Python reads only when it starts).
+# @title Install the repository
+# From this checkout when the notebook runs inside it; otherwise (Colab) cloned from
+# REPOSITORY: the repository's address (tools/set_repository.py writes it here), or any git
+# URL you type instead (your fork, a mirror). The JAX installed already is kept (Colab's, with
+# its GPU or TPU plugin). RUNS_ON_DRIVE keeps runs/ on Google Drive (Colab only), so that this
+# notebook run again on a new runtime resumes where the last one stopped. The checkout goes
+# on sys.path, so `research` imports in this running kernel without a restart.
+REPOSITORY = "https://github.com/OWNER/REPO"  # @param {type:"string"}
+RUNS_ON_DRIVE = False  # @param {type:"boolean"}
 import os
 import subprocess
 import sys
 
-REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+
+class Stop(Exception):   # IPython shows its message alone, without a traceback
+  _render_traceback_ = lambda self: [str(self)]
+
+
 root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
-  subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-if root not in sys.path:
-  sys.path.insert(0, root)
-from research import notebook
+  if REPOSITORY.endswith("/OWNER/REPO"):
+    raise Stop("This notebook's repository address is not set: type it in REPOSITORY above, "
+               "or run `python3 tools/set_repository.py OWNER/NAME` in a clone and push.")
+  if subprocess.run(["git", "clone", "--depth=1", "-q", REPOSITORY, root]).returncode != 0:
+    raise Stop(f"git clone {REPOSITORY} failed (git's message is above)")
+for path in (root, os.path.join(root, "notebooks")):   # research; colab.py beside the notebooks
+  if path not in sys.path:
+    sys.path.insert(0, path)
+import colab
 
-notebook.install(root)
+colab.install(root, RUNS_ON_DRIVE)
 
 # %%
 import json
@@ -59,7 +73,7 @@ from IPython.display import Image, Markdown, display
 from research.training import apply_overrides
 from research.training.metrics import figure_png
 
-QUICK, experiment, workdir = notebook.setup(root, "char_lm")
+QUICK, experiment, workdir = colab.setup(root, "char_lm")
 SIZE = ({"train.num_steps": 20, "train.warmup_steps": 0, "train.log_every": 10,
          "train.eval_every": 10, "train.checkpoint_every": 20, "train.batch_size": 8,
          "data.context": 32, "data.eval_windows": 16, "data.test_bytes": 20_000,
@@ -81,13 +95,13 @@ def read(run: str, name: str) -> str:
 
 # %% [markdown]
 # ## Train each model
-# `notebook.train` (`train_and_evaluate`) trains, evaluates on validation windows every 500
+# `colab.train` (`train_and_evaluate`) trains, evaluates on validation windows every 500
 # steps, then scores the test split and draws samples; a run with a `final_metrics.json`
 # is read back. Each run shows one progress bar; its `metrics.jsonl` holds its records.
 
 # %%
-results = {kind: notebook.train(apply_overrides(experiment.get_config(f"model={kind}"), SIZE),
-                                os.path.join(workdir, kind))
+results = {kind: colab.train(apply_overrides(experiment.get_config(f"model={kind}"), SIZE),
+                             os.path.join(workdir, kind))
            for kind in MODELS}
 
 # %% [markdown]

@@ -28,23 +28,37 @@
 # its `--sweep`. The suite's long tier runs the quick mode (3 seeds, fewer steps).
 
 # %%
-# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
-# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
-# first. The checkout also goes on sys.path, so `research` imports in this running kernel
-# (pip's editable install is a .pth file, which Python reads only when it starts).
+# @title Install the repository
+# From this checkout when the notebook runs inside it; otherwise (Colab) cloned from
+# REPOSITORY: the repository's address (tools/set_repository.py writes it here), or any git
+# URL you type instead (your fork, a mirror). The JAX installed already is kept (Colab's, with
+# its GPU or TPU plugin). RUNS_ON_DRIVE keeps runs/ on Google Drive (Colab only), so that this
+# notebook run again on a new runtime resumes where the last one stopped. The checkout goes
+# on sys.path, so `research` imports in this running kernel without a restart.
+REPOSITORY = "https://github.com/OWNER/REPO"  # @param {type:"string"}
+RUNS_ON_DRIVE = False  # @param {type:"boolean"}
 import os
 import subprocess
 import sys
 
-REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+
+class Stop(Exception):   # IPython shows its message alone, without a traceback
+  _render_traceback_ = lambda self: [str(self)]
+
+
 root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
-  subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-if root not in sys.path:
-  sys.path.insert(0, root)
-from research import notebook
+  if REPOSITORY.endswith("/OWNER/REPO"):
+    raise Stop("This notebook's repository address is not set: type it in REPOSITORY above, "
+               "or run `python3 tools/set_repository.py OWNER/NAME` in a clone and push.")
+  if subprocess.run(["git", "clone", "--depth=1", "-q", REPOSITORY, root]).returncode != 0:
+    raise Stop(f"git clone {REPOSITORY} failed (git's message is above)")
+for path in (root, os.path.join(root, "notebooks")):   # research; colab.py beside the notebooks
+  if path not in sys.path:
+    sys.path.insert(0, path)
+import colab
 
-notebook.install(root)
+colab.install(root, RUNS_ON_DRIVE)
 
 # %%
 import statistics
@@ -53,7 +67,7 @@ from IPython.display import SVG, Image, Markdown, display
 
 from research.training import apply_overrides
 
-QUICK, experiment, workdir = notebook.setup(root, "kernel_regression")
+QUICK, experiment, workdir = colab.setup(root, "kernel_regression")
 SIZE = {"train.num_steps": 100, "train.eval_every": 50} if QUICK else {}
 config = apply_overrides(experiment.get_config(), SIZE)
 SMOOTHING_KERNELS = config.model.kernels.split(",")
@@ -76,7 +90,7 @@ def table(metrics: dict) -> str:
 
 # %%
 run = os.path.join(workdir, "seed0")
-final = notebook.train(config, run)
+final = colab.train(config, run)
 display(Markdown(table(final)))
 
 # %% [markdown]
@@ -97,7 +111,7 @@ for name in sorted(f for f in os.listdir(run) if f.startswith("attention_")):
 
 # %%
 points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()
-rows = notebook.sweep(config, points, os.path.join(workdir, "seeds"))
+rows = colab.sweep(config, points, os.path.join(workdir, "seeds"))
 mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0] if k.startswith("test/mse")}
 display(Markdown(f"Mean over {len(rows)} seeds:\n\n" + table(mean)))
 for kernel in SMOOTHING_KERNELS:

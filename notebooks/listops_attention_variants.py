@@ -31,23 +31,37 @@
 # quick mode: tiny models and data, so its accuracies mean nothing.
 
 # %%
-# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
-# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
-# first. The checkout also goes on sys.path, so `research` imports in this running kernel
-# (pip's editable install is a .pth file, which Python reads only when it starts).
+# @title Install the repository
+# From this checkout when the notebook runs inside it; otherwise (Colab) cloned from
+# REPOSITORY: the repository's address (tools/set_repository.py writes it here), or any git
+# URL you type instead (your fork, a mirror). The JAX installed already is kept (Colab's, with
+# its GPU or TPU plugin). RUNS_ON_DRIVE keeps runs/ on Google Drive (Colab only), so that this
+# notebook run again on a new runtime resumes where the last one stopped. The checkout goes
+# on sys.path, so `research` imports in this running kernel without a restart.
+REPOSITORY = "https://github.com/OWNER/REPO"  # @param {type:"string"}
+RUNS_ON_DRIVE = False  # @param {type:"boolean"}
 import os
 import subprocess
 import sys
 
-REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+
+class Stop(Exception):   # IPython shows its message alone, without a traceback
+  _render_traceback_ = lambda self: [str(self)]
+
+
 root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
-  subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-if root not in sys.path:
-  sys.path.insert(0, root)
-from research import notebook
+  if REPOSITORY.endswith("/OWNER/REPO"):
+    raise Stop("This notebook's repository address is not set: type it in REPOSITORY above, "
+               "or run `python3 tools/set_repository.py OWNER/NAME` in a clone and push.")
+  if subprocess.run(["git", "clone", "--depth=1", "-q", REPOSITORY, root]).returncode != 0:
+    raise Stop(f"git clone {REPOSITORY} failed (git's message is above)")
+for path in (root, os.path.join(root, "notebooks")):   # research; colab.py beside the notebooks
+  if path not in sys.path:
+    sys.path.insert(0, path)
+import colab
 
-notebook.install(root)
+colab.install(root, RUNS_ON_DRIVE)
 
 # %%
 import json
@@ -60,7 +74,7 @@ from research.training import apply_overrides
 from research.training.sweep import point_name
 from research.training.metrics import figure_png
 
-QUICK, experiment, workdir = notebook.setup(root, "listops", runs="listops_cpu")
+QUICK, experiment, workdir = colab.setup(root, "listops", runs="listops_cpu")
 SIZE = ({"data.min_tree_length": 8, "data.max_tree_length": 150, "data.train_examples": 256,
          "data.eval_examples": 32, "data.test_examples": 64, "data.max_length": 128,
          "data.length_buckets": 1, "model.num_layers": 1, "model.hidden_size": 16, "model.mlp_size": 32,
@@ -73,13 +87,13 @@ config = apply_overrides(experiment.get_config("preset=cpu"),
 
 # %% [markdown]
 # ## Train every attention variant
-# `notebook.sweep` (`run_sweep`) trains each point of `experiment.get_sweep()` (one per
+# `colab.sweep` (`run_sweep`) trains each point of `experiment.get_sweep()` (one per
 # `model.attention`, then one per recurrent `model.kind`) into its own directory, skipping
 # finished ones, and returns each point's final metrics.
 
 # %%
 points = experiment.get_sweep()[:2] if QUICK else experiment.get_sweep()   # CI: full, local
-rows = notebook.sweep(config, points, workdir)
+rows = colab.sweep(config, points, workdir)
 names = [row.get("model.kind", row.get("model.attention")) for row in rows]   # lru, s5: kinds
 
 # %% [markdown]

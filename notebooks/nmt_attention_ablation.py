@@ -22,29 +22,43 @@
 # translated into ISO `2024-01-14` by an encoder–decoder. We compare the fixed-length
 # bottleneck (no attention) with Bahdanau's additive attention, Luong's attention with
 # input feeding, Luong's local-p and hard attention, by calling the library directly:
-# `notebook.train(config, workdir)` (`research.training.train_and_evaluate`) with configs
+# `colab.train(config, workdir)` (`research.training.train_and_evaluate`) with configs
 # from `experiments/nmt_dates.py`. The outputs below are the full-size runs (1500 steps,
 # about 3 minutes each on a 2-core CPU), kept in `runs/nmt_ablation` and read back when the
 # notebook runs again; the suite's long tier runs the quick mode (`NOTEBOOK_QUICK=1`).
 
 # %%
-# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
-# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
-# first. The checkout also goes on sys.path, so `research` imports in this running kernel
-# (pip's editable install is a .pth file, which Python reads only when it starts).
+# @title Install the repository
+# From this checkout when the notebook runs inside it; otherwise (Colab) cloned from
+# REPOSITORY: the repository's address (tools/set_repository.py writes it here), or any git
+# URL you type instead (your fork, a mirror). The JAX installed already is kept (Colab's, with
+# its GPU or TPU plugin). RUNS_ON_DRIVE keeps runs/ on Google Drive (Colab only), so that this
+# notebook run again on a new runtime resumes where the last one stopped. The checkout goes
+# on sys.path, so `research` imports in this running kernel without a restart.
+REPOSITORY = "https://github.com/OWNER/REPO"  # @param {type:"string"}
+RUNS_ON_DRIVE = False  # @param {type:"boolean"}
 import os
 import subprocess
 import sys
 
-REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+
+class Stop(Exception):   # IPython shows its message alone, without a traceback
+  _render_traceback_ = lambda self: [str(self)]
+
+
 root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
-  subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-if root not in sys.path:
-  sys.path.insert(0, root)
-from research import notebook
+  if REPOSITORY.endswith("/OWNER/REPO"):
+    raise Stop("This notebook's repository address is not set: type it in REPOSITORY above, "
+               "or run `python3 tools/set_repository.py OWNER/NAME` in a clone and push.")
+  if subprocess.run(["git", "clone", "--depth=1", "-q", REPOSITORY, root]).returncode != 0:
+    raise Stop(f"git clone {REPOSITORY} failed (git's message is above)")
+for path in (root, os.path.join(root, "notebooks")):   # research; colab.py beside the notebooks
+  if path not in sys.path:
+    sys.path.insert(0, path)
+import colab
 
-notebook.install(root)
+colab.install(root, RUNS_ON_DRIVE)
 
 # %%
 import json
@@ -53,7 +67,7 @@ from IPython.display import Image, Markdown, display
 
 from research.training import apply_overrides
 
-QUICK, experiment, workdir = notebook.setup(root, "nmt_dates", runs="nmt_ablation")
+QUICK, experiment, workdir = colab.setup(root, "nmt_dates", runs="nmt_ablation")
 SIZE = ({"data.train_examples": 512, "data.eval_examples": 64, "data.test_examples": 64,
          "model.hidden_size": 32, "model.embed_size": 16, "train.batch_size": 32,
          "train.num_steps": 30, "train.eval_every": 30, "train.checkpoint_every": 30,
@@ -76,8 +90,8 @@ if QUICK:   # CI: one variant with attention, enough for every cell below
 # (`metrics.jsonl`, `predictions.tsv`, attention heatmaps); each shows a progress bar here.
 
 # %%
-results = {name: notebook.train(apply_overrides(experiment.get_config(variant), SIZE),
-                                os.path.join(workdir, variant))
+results = {name: colab.train(apply_overrides(experiment.get_config(variant), SIZE),
+                             os.path.join(workdir, variant))
            for name, variant in VARIANTS.items()}
 
 # %% [markdown]

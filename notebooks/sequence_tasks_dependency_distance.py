@@ -31,23 +31,37 @@
 # (T = 10 alone, 40 steps each), whose numbers mean little.
 
 # %%
-# Install the repository, keeping the JAX already installed (Colab's, with its GPU or TPU
-# plugin): from this checkout when the notebook runs inside it, otherwise (Colab) cloned
-# first. The checkout also goes on sys.path, so `research` imports in this running kernel
-# (pip's editable install is a .pth file, which Python reads only when it starts).
+# @title Install the repository
+# From this checkout when the notebook runs inside it; otherwise (Colab) cloned from
+# REPOSITORY: the repository's address (tools/set_repository.py writes it here), or any git
+# URL you type instead (your fork, a mirror). The JAX installed already is kept (Colab's, with
+# its GPU or TPU plugin). RUNS_ON_DRIVE keeps runs/ on Google Drive (Colab only), so that this
+# notebook run again on a new runtime resumes where the last one stopped. The checkout goes
+# on sys.path, so `research` imports in this running kernel without a restart.
+REPOSITORY = "https://github.com/OWNER/REPO"  # @param {type:"string"}
+RUNS_ON_DRIVE = False  # @param {type:"boolean"}
 import os
 import subprocess
 import sys
 
-REPOSITORY = "https://github.com/OWNER/REPO"   # pyproject.toml's; set by tools/set_repository.py
+
+class Stop(Exception):   # IPython shows its message alone, without a traceback
+  _render_traceback_ = lambda self: [str(self)]
+
+
 root = os.path.abspath(".." if os.path.exists("../pyproject.toml") else "research-repo")
 if not os.path.exists(os.path.join(root, "pyproject.toml")):
-  subprocess.run(["git", "clone", "--depth=1", REPOSITORY, root], check=True)
-if root not in sys.path:
-  sys.path.insert(0, root)
-from research import notebook
+  if REPOSITORY.endswith("/OWNER/REPO"):
+    raise Stop("This notebook's repository address is not set: type it in REPOSITORY above, "
+               "or run `python3 tools/set_repository.py OWNER/NAME` in a clone and push.")
+  if subprocess.run(["git", "clone", "--depth=1", "-q", REPOSITORY, root]).returncode != 0:
+    raise Stop(f"git clone {REPOSITORY} failed (git's message is above)")
+for path in (root, os.path.join(root, "notebooks")):   # research; colab.py beside the notebooks
+  if path not in sys.path:
+    sys.path.insert(0, path)
+import colab
 
-notebook.install(root)
+colab.install(root, RUNS_ON_DRIVE)
 
 # %%
 import json
@@ -58,7 +72,7 @@ from IPython.display import Image, Markdown, display
 from research.training.metrics import figure_png
 from research.training.sweep import point_name
 
-QUICK, experiment, workdir = notebook.setup(root, "sequence_tasks")
+QUICK, experiment, workdir = colab.setup(root, "sequence_tasks")
 config = experiment.get_config()                                   # the adding problem
 points = experiment.get_sweep()
 if QUICK:   # CI: a gated RNN and a linear recurrence, enough for every cell below
@@ -71,12 +85,12 @@ LENGTHS = sorted({p["data.length"] for p in points})
 
 # %% [markdown]
 # ## Train every model at every distance
-# `notebook.sweep` (`run_sweep`) trains each point into its own directory (skipping finished ones) and returns
+# `colab.sweep` (`run_sweep`) trains each point into its own directory (skipping finished ones) and returns
 # its final metrics: validation MSE and accuracy on 1000 fixed examples. Each point shows
 # one progress bar; each run's `metrics.jsonl` holds its records.
 
 # %%
-rows = notebook.sweep(config, points, workdir)
+rows = colab.sweep(config, points, workdir)
 result = {(r["model.kind"], r["data.length"]): r for r in rows}
 
 # %% [markdown]

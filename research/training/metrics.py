@@ -1,5 +1,5 @@
 """What a run records as it trains: metrics.jsonl, TensorBoard events (the `tensorboard`
-package's writer, no TensorFlow), an optional Weights & Biases run, a live progress line,
+package's writer, no TensorFlow), an optional Weights & Biases run, the progress (a tqdm bar),
 PNG figures (loss curves, attention heatmaps; matplotlib's Agg) and profiler traces."""
 
 import collections
@@ -26,6 +26,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: E402
 from tensorboard.plugins.text.metadata import create_summary_metadata  # noqa: E402
 from tensorboard.summary.writer.record_writer import RecordWriter  # noqa: E402
 from tensorboard.util.tensor_util import make_tensor_proto  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
 from research import files  # noqa: E402
 from research.errors import ConfigError, RunFailed  # noqa: E402
@@ -167,29 +168,40 @@ def _naming(path: str):
 
 
 class Progress:
-  """One live line: step, loss, steps/s, ETA (rewritten in place on a terminal)."""
+  """The loop's progress: step, loss, steps/s, ETA. Where it can be redrawn in place (a
+  terminal, a Jupyter kernel) a tqdm bar, `tqdm.auto`'s: a widget in a notebook with
+  ipywidgets, a text line elsewhere; in a log file or a pipe, one line per update. Nothing
+  else the run prints goes through it (warnings and notices stay as they are)."""
 
   def __init__(self, num_steps: int, first_step: int):
     self.num_steps, self.last_step, self.last_time = num_steps, first_step, time.perf_counter()
-    self.live = sys.stderr.isatty()
     self.enabled = jax.process_index() == 0
+    self.bar = (tqdm(total=num_steps, initial=first_step, unit="step", file=sys.stderr,
+                     dynamic_ncols=True)
+                if self.enabled and _redrawn_in_place(sys.stderr) else None)
 
   def update(self, step: int, loss: float) -> float:
     """Returns steps/s since the previous update."""
     now = time.perf_counter()
     rate = (step - self.last_step) / max(now - self.last_time, 1e-9)
     self.last_step, self.last_time = step, now
-    eta = (self.num_steps - step) / rate if rate > 0 else float("inf")
-    line = (f"step {step}/{self.num_steps}  loss {loss:.4g}  {rate:.2f} steps/s  "
-            f"ETA {_duration(eta)}")
-    if self.enabled:
-      print(("\r" + line + "\033[K") if self.live else line, end="" if self.live else "\n",
-            file=sys.stderr, flush=True)
+    if self.bar is not None:
+      self.bar.set_postfix_str(f"loss {loss:.4g}", refresh=False)
+      self.bar.update(step - self.bar.n)
+    elif self.enabled:
+      eta = (self.num_steps - step) / rate if rate > 0 else float("inf")
+      print(f"step {step}/{self.num_steps}  loss {loss:.4g}  {rate:.2f} steps/s  "
+            f"ETA {_duration(eta)}", file=sys.stderr, flush=True)
     return rate
 
   def close(self) -> None:
-    if self.enabled and self.live:
-      print(file=sys.stderr)
+    if self.bar is not None:
+      self.bar.close()
+
+
+def _redrawn_in_place(stream) -> bool:
+  """A terminal, or a cell of a Jupyter kernel (whose streams are no terminals)."""
+  return stream.isatty() or "ipykernel.zmqshell" in sys.modules
 
 
 def _duration(seconds: float) -> str:

@@ -1,20 +1,17 @@
-"""A notebook's install cell makes `research` importable in the running kernel, without a
-restart, in a fresh environment where JAX was installed first and the package was not: a
-Colab runtime.
+"""A notebook's first cell as Colab runs it: in a fresh environment where JAX was installed
+first and this package was not, it clones the repository from the address typed into its form
+(here a local git address), installs it keeping that JAX, and `research` imports in the
+running kernel without a restart; with the address unset it stops in one line.
 
-How the environment is made, and why: a new virtual environment (no packages, no pip)
-whose site-packages holds one `.pth` line naming a directory of links to every entry of
-this interpreter's site-packages except this project's own distribution (its dist-info and
-editable-install files). So jax, flax, pip and setuptools import and `research` does not,
-and pip sees the project as not installed. Hiding nothing (a plain
-`--system-site-packages` venv) would leave `research` installed and test nothing; stubbing
-pip would not show that a real editable install leaves the running process unable to
-import. Here the cell runs as written: `pip install -e` of a copy of the checkout (offline:
-no index, no build isolation, as every dependency is present) writes its `.pth` file, which
-Python reads only at start-up, so the process that ran pip imports `research` only through
-the checkout the cell put on `sys.path`; the test takes that entry out again to show the
-import then fails, and starts a new process of the environment to show pip did install.
-(The cells after it run in CI's quick-mode runs of every notebook: tests/notebooks.)
+The environment, and why so: a new virtual environment (no packages, no pip) whose
+site-packages holds one `.pth` line naming a directory of links to every entry of this
+interpreter's site-packages except this project's own distribution. So jax (the pinned one),
+flax, pip and setuptools import and `research` does not, and pip sees the project as not
+installed; the network is not needed (no index, no build isolation: every dependency is
+present). A plain `--system-site-packages` venv would see the base interpreter's packages,
+not this one's. The linked directory lies outside the environment, so a pip that wanted
+another JAX would install it into the environment (where the test sees it) and could not
+remove the linked one. The cells run in IPython's shell, as in a kernel.
 """
 
 import json
@@ -22,36 +19,44 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import sysconfig
-import textwrap
 import tomllib
 import venv
 
 import pytest
+from tiers import long_cases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NOTEBOOK = "nmt_attention_ablation.ipynb"
+NAMES = sorted(n for n in os.listdir(os.path.join(ROOT, "notebooks")) if n.endswith(".ipynb"))
+with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+  DISTRIBUTION = re.sub(r"[-_.]+", "_", tomllib.load(f)["project"]["name"]).lower()
+FORM_ADDRESS = re.compile(r'^REPOSITORY = "[^"]*"', re.M)     # the form's text field
 
-RUN_INSTALL_CELL = textwrap.dedent("""
-  import importlib, importlib.util, json, os, sys
-  assert importlib.util.find_spec("jax") is not None, "JAX must be installed first"
-  assert importlib.util.find_spec("research") is None, "research importable before the cell"
-  cells = [c for c in json.load(open(sys.argv[1]))["cells"] if c["cell_type"] == "code"]
-  exec("".join(cells[0]["source"]))                          # the install cell
-  import research
-  from research import notebook as helper                    # what the next cell uses
-  imported_from, helper_from = research.__file__, helper.__file__
-  sys.path.remove(root)                                      # without the cell's entry:
-  for name in [n for n in sys.modules if n == "research" or n.startswith("research.")]:
-    del sys.modules[name]
-  importlib.invalidate_caches()
-  print(json.dumps({"root": root, "imported_from": imported_from, "helper_from": helper_from,
-                    "without_the_entry": importlib.util.find_spec("research") is not None}))
-""")
-
-
-def normalized(name: str) -> str:
-  return re.sub(r"[-_.]+", "_", name).lower()
+# Runs the cell in file argv[1] in IPython's shell, as a kernel would; exits 3 if it failed.
+RUN_CELL = """
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+if not shell.run_cell(open(sys.argv[1]).read()).success:
+  sys.exit(3)
+"""
+# The same in a fresh environment, then what the next cells see.
+RUN_FIRST_CELL = """
+import importlib.metadata, importlib.util, json, sys
+before = importlib.metadata.version("jax"), importlib.util.find_spec("jax").origin
+assert importlib.util.find_spec("research") is None, "research importable before the cell"
+""" + RUN_CELL + """
+import colab, research
+root = shell.user_ns["root"]
+sys.path.remove(root)                                   # without the cell's entry:
+for name in [n for n in sys.modules if n == "research" or n.startswith("research.")]:
+  del sys.modules[name]
+importlib.invalidate_caches()
+print(json.dumps({"root": root, "research": research.__file__, "colab": colab.__file__,
+                  "jax_before": before,
+                  "without_the_entry": importlib.util.find_spec("research") is not None}))
+"""
 
 
 def code_cells(name: str) -> list[str]:
@@ -59,60 +64,99 @@ def code_cells(name: str) -> list[str]:
     return ["".join(c["source"]) for c in json.load(f)["cells"] if c["cell_type"] == "code"]
 
 
-def test_every_notebook_starts_with_the_same_install_cell():
-  """What the test below runs for one notebook holds for all of them."""
-  first = {name: code_cells(name)[0] for name in os.listdir(os.path.join(ROOT, "notebooks"))
-           if name.endswith(".ipynb")}
+def test_every_notebook_starts_with_the_same_first_cell():
+  """What the tests below run for one notebook holds for all of them."""
+  first = {name: code_cells(name)[0] for name in NAMES}
   assert len(set(first.values())) == 1, "the notebooks' first code cells differ"
-  assert "notebook.install(root)" in first[NOTEBOOK]
-  assert all("notebook.setup(root" in code_cells(name)[1] for name in first)
+  assert "colab.install(root, RUNS_ON_DRIVE)" in first[NAMES[0]]
+  assert len(FORM_ADDRESS.findall(first[NAMES[0]])) == 1
+  assert all("colab.setup(root" in code_cells(name)[1] for name in NAMES)
 
 
-@pytest.mark.slow      # a real pip install (about 8 s): left out of quick runs
-def test_install_cell_imports_without_a_restart_where_jax_came_first(tmp_path):
-  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-    distribution = normalized(tomllib.load(f)["project"]["name"])
-  checkout = tmp_path / "checkout"       # what `git clone` gives, less what the cells do not read
-  checkout.mkdir()
-  for name in ("pyproject.toml", "README.md", "LICENSE", "research"):
-    source = os.path.join(ROOT, name)
-    if os.path.isdir(source):
-      shutil.copytree(source, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
-    else:
-      shutil.copy(source, checkout / name)
-  (checkout / "notebooks").mkdir()
-  shutil.copy(os.path.join(ROOT, "notebooks", NOTEBOOK), checkout / "notebooks")
+def test_an_unset_address_stops_the_first_cell_in_one_line(tmp_path):
+  """Where no checkout is around it (Colab's /content) and the form holds the placeholder."""
+  content = tmp_path / "content"
+  content.mkdir()
+  cell = tmp_path / "cell.py"
+  cell.write_text(code_cells(NAMES[0])[0])
+  result = subprocess.run([sys.executable, "-c", RUN_CELL, str(cell)], cwd=content,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 3, result.stderr[-2000:]
+  lines = (result.stdout + result.stderr).strip().splitlines()
+  assert len(lines) == 1 and "python3 tools/set_repository.py OWNER/NAME" in lines[0], lines
+  assert not os.listdir(content)                         # nothing cloned
 
+
+def environment_with_jax_first(tmp_path) -> tuple[str, str, str, dict]:
+  """(python, its site-packages, the linked directory, the process environment)."""
   installed = tmp_path / "installed_first"      # this interpreter's packages, less ours
   installed.mkdir()
   site = sysconfig.get_paths()["purelib"]
   for entry in os.listdir(site):
-    if distribution not in normalized(entry):
+    if DISTRIBUTION not in re.sub(r"[-_.]+", "_", entry).lower():
       os.symlink(os.path.join(site, entry), installed / entry)
   env = tmp_path / "env"
   venv.create(env, with_pip=False)
   python = str(env / "bin" / "python")
-  env_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+  env_site = subprocess.run(
+      [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+      capture_output=True, text=True, check=True).stdout.strip()
   with open(os.path.join(env_site, "installed_first.pth"), "w") as f:
     f.write(f"{installed}\n")
-
   environ = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_"))}
   environ |= {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PYTHONNOUSERSITE": "1",
               "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-  result = subprocess.run([python, "-c", RUN_INSTALL_CELL, NOTEBOOK], cwd=checkout / "notebooks",
-                          env=environ, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
+  return python, env_site, str(installed), environ
+
+
+def git_repository(tmp_path, notebook: str) -> str:
+  """A git repository of this working tree (what a clone reads), as a file:// address."""
+  origin = tmp_path / "origin"
+  origin.mkdir()
+  for name in ("pyproject.toml", "README.md", "LICENSE", "research"):
+    source = os.path.join(ROOT, name)
+    if os.path.isdir(source):
+      shutil.copytree(source, origin / name, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+      shutil.copy(source, origin / name)
+  (origin / "notebooks").mkdir()
+  for name in ("colab.py", notebook):
+    shutil.copy(os.path.join(ROOT, "notebooks", name), origin / "notebooks")
+  git = ["git", "-C", str(origin), "-c", "user.name=test", "-c", "user.email=test@localhost"]
+  for command in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "the working tree"]):
+    subprocess.run(git + command, check=True, capture_output=True)
+  return f"file://{origin}"
+
+
+@pytest.mark.slow      # a real pip install (about 10 s a notebook): one in the suite
+@pytest.mark.parametrize("notebook", long_cases(NAMES, NAMES[1:]))
+def test_first_cell_installs_from_a_git_address_and_keeps_the_pinned_jax(tmp_path, notebook):
+  python, env_site, installed, environ = environment_with_jax_first(tmp_path)
+  address = git_repository(tmp_path, notebook)
+  cell = tmp_path / "cell.py"                             # the form's field, typed in
+  cell.write_text(FORM_ADDRESS.sub(f'REPOSITORY = "{address}"', code_cells(notebook)[0]))
+  content = tmp_path / "content"
+  content.mkdir()
+  result = subprocess.run([python, "-c", RUN_FIRST_CELL, str(cell)], cwd=content, env=environ,
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
   seen = json.loads(result.stdout.strip().splitlines()[-1])
-  assert seen["root"] == str(checkout)
-  assert seen["imported_from"] == str(checkout / "research" / "__init__.py")
-  assert seen["helper_from"] == str(checkout / "research" / "notebook.py")
+  clone = content / "research-repo"
+  assert seen["root"] == str(clone)
+  assert seen["research"] == str(clone / "research" / "__init__.py")
+  assert seen["colab"] == str(clone / "notebooks" / "colab.py")
   # pip's .pth file is not read by the process that ran pip (Colab's kernel): only the
   # cell's sys.path entry made `import research` work there ...
   assert not seen["without_the_entry"]
-  # ... while pip did install the checkout: a new process of the environment imports it.
-  assert any(entry.startswith(distribution) and entry.endswith(".dist-info")
+  # ... while pip did install the clone, and kept the JAX it found: a new process of the
+  # environment imports research from the clone and jax, at its version, from where it was.
+  assert any(entry.startswith(DISTRIBUTION) and entry.endswith(".dist-info")
              for entry in os.listdir(env_site))
-  fresh = subprocess.run([python, "-c", "import research; print(research.__file__)"],
-                         cwd=tmp_path, env=environ, capture_output=True, text=True)
-  assert fresh.stdout.strip() == str(checkout / "research" / "__init__.py"), fresh.stderr
+  after = subprocess.run(
+      [python, "-c", "import importlib.metadata as m, importlib.util as u, json, research; "
+       "print(json.dumps([research.__file__, m.version('jax'), u.find_spec('jax').origin]))"],
+      cwd=tmp_path, env=environ, capture_output=True, text=True)
+  research_file, *jax_after = json.loads(after.stdout)
+  assert research_file == str(clone / "research" / "__init__.py"), after.stderr
+  assert jax_after == seen["jax_before"]
+  assert jax_after[1].startswith(installed)

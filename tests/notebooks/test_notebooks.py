@@ -19,7 +19,7 @@ def test_notebook_is_paired_with_its_script(name):
   notebook = jupytext.read(os.path.join(NOTEBOOKS, f"{name}.ipynb"))
   script = jupytext.read(os.path.join(NOTEBOOKS, f"{name}.py"))
   cells = lambda nb: [(c.cell_type, c.source.strip()) for c in nb.cells]
-  assert cells(notebook) == cells(script), "run: jupytext --sync notebooks/*.py"
+  assert cells(notebook) == cells(script), "run: jupytext --sync notebooks/*.ipynb"
 
 
 @pytest.mark.long

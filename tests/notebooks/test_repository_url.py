@@ -1,6 +1,6 @@
 """The repository's address is pyproject.toml's `[project.urls] Repository`, and every Colab
-badge and clone command in the README, the docs/ pages and the notebooks repeats exactly it;
-tools/set_repository.py moves all of them to a fork's address at once."""
+badge and clone command in the README, the docs/ pages and the notebooks, and each notebook's
+first cell, repeats exactly it; tools/set_repository.py writes all of them from one argument."""
 
 import glob
 import json
@@ -25,8 +25,9 @@ def repository(root: str) -> str:
 
 
 def notebooks(root: str) -> list[str]:
-  return [*sorted(glob.glob(os.path.join(root, "notebooks", "*.py"))),
-          *sorted(glob.glob(os.path.join(root, "notebooks", "*.ipynb")))]
+  """Both forms of every notebook (not notebooks/colab.py, which is no notebook)."""
+  paired = sorted(glob.glob(os.path.join(root, "notebooks", "*.ipynb")))
+  return [*(path[:-len(".ipynb")] + ".py" for path in paired), *paired]
 
 
 def documents(root: str) -> list[str]:
@@ -78,30 +79,53 @@ def test_badges_and_clone_urls_are_pyprojects():
   check(ROOT)
 
 
-def test_set_repository_moves_every_address_and_keeps_the_rest(tmp_path):
+def copy_of_the_checkout(tmp_path) -> str:
   for name in ("pyproject.toml", "README.md", "docs", "tools", "notebooks"):
     source = os.path.join(ROOT, name)
     (shutil.copytree if os.path.isdir(source) else shutil.copy)(source, tmp_path / name)
-  fork = "https://github.com/someone/a-fork"
-  subprocess.run([sys.executable, str(tmp_path / "tools" / "set_repository.py"), fork],
-                 check=True, capture_output=True)
-  assert repository(tmp_path) == fork
-  check(tmp_path)
+  return str(tmp_path)
+
+
+def set_repository(root: str, *arguments: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, os.path.join(root, "tools", "set_repository.py"),
+                         *arguments], capture_output=True, text=True)
+
+
+def test_set_repository_moves_every_address_and_keeps_the_rest(tmp_path):
+  root = copy_of_the_checkout(tmp_path)
+  assert set_repository(root, "https://github.com/someone/a-fork").returncode == 0
+  assert repository(root) == "https://github.com/someone/a-fork"
+  check(root)
   # Only the addresses changed: put the old one back and every file is as it was.
   old = repository(ROOT)
   for path in documents(ROOT):
     with open(path, encoding="utf-8") as f:
       original = f.read()
-    with open(tmp_path / os.path.relpath(path, ROOT), encoding="utf-8") as f:
+    with open(os.path.join(root, os.path.relpath(path, ROOT)), encoding="utf-8") as f:
       moved = f.read()
     assert moved.replace("someone/a-fork", old.removeprefix("https://github.com/")) == original
 
 
-def test_set_repository_refuses_an_address_colab_cannot_open(tmp_path):
-  result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "set_repository.py"),
-                           "git@github.com:someone/a-fork.git"], capture_output=True, text=True)
-  assert result.returncode == 2
-  assert "https://github.com/OWNER/NAME" in result.stderr
-  result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "set_repository.py"),
-                           "https://github.com/someone/a-fork.git"], capture_output=True)
-  assert result.returncode == 2
+def test_set_repository_writes_every_copy_from_its_argument_alone(tmp_path):
+  """A copy that differs (a badge edited by hand) is written anew too, from OWNER/NAME."""
+  root = copy_of_the_checkout(tmp_path)
+  readme = os.path.join(root, "README.md")
+  with open(readme, encoding="utf-8") as f:
+    text = f.read()
+  drifted = re.sub(r"colab\.research\.google\.com/github/[^/]+/[^/]+/",
+                   "colab.research.google.com/github/an/old-one/", text, count=1)
+  assert drifted != text
+  with open(readme, "w", encoding="utf-8") as f:
+    f.write(drifted)
+  assert set_repository(root, "someone/a-fork").returncode == 0
+  check(root)
+  assert repository(root) == "https://github.com/someone/a-fork"
+
+
+def test_set_repository_refuses_what_colab_cannot_open(tmp_path):
+  root = copy_of_the_checkout(tmp_path)
+  for argument in ("https://gitlab.com/someone/a-fork", "a-fork", "file:///srv/git/repo"):
+    refused = set_repository(root, argument)
+    assert refused.returncode == 2 and "OWNER/NAME" in refused.stderr.splitlines()[-1]
+  check(root)
+  assert repository(root) == repository(ROOT)

@@ -125,10 +125,3 @@ def test_a_checkpoints_unlogged_metrics_round_trip_bit_for_bit_as_valid_json():
 def test_a_sweep_reads_a_points_non_finite_final_metrics_back(tmp_path):
   workdir.write_json(str(tmp_path / "final_metrics.json"), {"eval/loss": float("inf")})
   assert sweep._finished(str(tmp_path)) == {"eval/loss": float("inf")}
-
-
-def test_a_notebook_reads_a_finished_runs_non_finite_final_metrics_back(tmp_path):
-  from research import notebook  # noqa: PLC0415
-
-  workdir.write_json(str(tmp_path / "final_metrics.json"), {"train/grad_norm": float("inf")})
-  assert notebook.train(None, str(tmp_path)) == {"train/grad_norm": float("inf")}
