@@ -28,12 +28,13 @@ it. The programs compute the same values; only how fast their machine code runs 
 import importlib.util
 import os
 
-import jax
 import pytest
 
-from research import jax_start
+from research import jax_start  # before JAX: importing research starts it quietly
 
 jax_start.cpu_unless_accelerators()   # the compile-only toolchains, without probing for chips
+import jax  # noqa: E402
+
 COMPILE_QUICKLY = "--xla_backend_optimization_level=0"
 if jax.config.jax_platforms == "cpu":   # XLA_FLAGS is read when JAX's backends start
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMPILE_QUICKLY}".strip()
