@@ -31,13 +31,12 @@ from research import jax_start  # noqa: E402
 
 with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
   jax_start.cpu_unless_accelerators()
-  import launch
   from research import experiments
   from research.aot import targets
   from research.errors import ConfigError
   from research.models.self_attention import SELF_ATTENTIONS
   from research.training.compile_only import compile_only
-  from research.training.config import gib
+  from research.training.config import gib, load_config
 
 LRA_BF16 = {"model.dtype": "bfloat16"}
 EXPERIMENTS = {
@@ -65,7 +64,7 @@ SHORT = {"tpu_custom_call": "Mosaic", "__gpu$xla.gpu.triton": "Triton",
 
 def row(name: str, target: str, workdir: str) -> str:
   spec, overrides = {**EXPERIMENTS, **ATTENTION_ROWS}[name]
-  config, _ = launch.load_config(os.path.join(ROOT, spec))
+  config, _ = load_config(os.path.join(ROOT, spec))
   for key, value in overrides.items():
     parent, _, leaf = key.rpartition(".")
     config[parent][leaf] = value

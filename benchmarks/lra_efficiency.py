@@ -50,10 +50,10 @@ with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
   import optax
   from timing import median_ms
 
-  import launch
   from research.aot import report, targets
   from research.models import EncoderClassifier
   from research.models.self_attention import SELF_ATTENTIONS
+  from research.training.config import load_config
 
 VOCAB, CLASSES = 32, 10
 
@@ -63,7 +63,7 @@ BASELINE = "full (dense)"
 
 def preset_model():
   """config.model of the listops `lra` preset."""
-  return launch.load_config(os.path.join(ROOT, "experiments", "listops.py"))[0].model
+  return load_config(os.path.join(ROOT, "experiments", "listops.py"))[0].model
 
 
 def model_of(variant: str, length: int) -> EncoderClassifier:

@@ -18,6 +18,7 @@ from research.attention import registry
 from research.errors import ConfigError, WorkdirError
 from research.training import parallel, train_step
 from research.training import workdir as workdirs
+from research.training.command import target_name
 from research.training.compile import compile_checked, compiled_remedies
 from research.training.config import check_shared, gib
 from research.training.experiment import Experiment
@@ -26,15 +27,6 @@ from research.training.sweep import check_sweep_workdir, point_configs, point_na
 from research.training.workdir import check_config
 
 REPORT, SUMMARY = "compile_report.json", "compile_summary.md"
-
-
-def target_name(text: str) -> str:
-  """The target `text` names (case and surrounding spaces aside); ConfigError listing the
-  targets otherwise."""
-  try:
-    return targets.name_of(text)
-  except ValueError as error:
-    raise ConfigError(f"--compile_only: {error}") from None
 
 
 def target_devices(name: str) -> tuple[targets.Target, tuple]:

@@ -1,7 +1,9 @@
-"""The config: the keys every experiment shares (`base_config`), variants, overrides, and the
-checks every value passes before anything is compiled (ConfigError naming the key and what
-is allowed)."""
+"""The config: a config file's `get_config()`, the keys every experiment shares
+(`base_config`), variants, overrides, and the checks every value passes before anything is
+compiled (ConfigError naming the key and what is allowed)."""
 
+import importlib.util
+import inspect
 import math
 import os
 import re
@@ -17,6 +19,50 @@ from research.training.metrics import WANDB_MODES, check_profile_steps, check_wa
 from research.training.parallel import STRATEGIES
 from research.training.train_step import SCHEDULES
 from research.training.workdir import RENAMED_KEYS, renamed
+
+
+def load_config(spec: str):
+  """experiments/NAME.py[:ARGS] -> (get_config(ARGS), the config module); ConfigError for a
+  missing file, one that does not parse or lacks get_config, or a get_config that fails."""
+  path, _, args = spec.partition(":")
+  if not os.path.isfile(path) or not path.endswith(".py"):
+    what = "not a Python file (.py)" if os.path.isfile(path) else "no config file"
+    raise ConfigError(f"--config: {what} {path!r}; give experiments/NAME.py[:ARGS]")
+  module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+  except SyntaxError as error:
+    raise ConfigError(f"--config: {path} does not parse: {error.msg} at line {error.lineno}"
+                      ) from error
+  except Exception as error:  # noqa: BLE001 - any failure of the file is the config's
+    raise ConfigError(f"--config: {path} fails to load: {type(error).__name__}: {error}"
+                      ) from error
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"--config: {path} defines no get_config()")
+  try:
+    config = module.get_config(args) if args else module.get_config()
+  except ConfigError:
+    raise
+  except Exception as error:  # noqa: BLE001
+    raise ConfigError(f"--config: {path}: get_config({args or ''}) failed: "
+                      f"{type(error).__name__}: {error}") from error
+  check_base_keys(config, f"--config: {path}: get_config()")
+  return config, module
+
+
+def sweep_points(module, config) -> list:
+  """The config module's get_sweep(), or get_sweep(config) where it takes one (a grid read
+  from the config, overrides included); ConfigError if it has none or it fails."""
+  if not hasattr(module, "get_sweep"):
+    raise ConfigError(f"--sweep: {module.__file__} defines no get_sweep(); --sweep needs one")
+  try:
+    if inspect.signature(module.get_sweep).parameters:
+      return module.get_sweep(config)
+    return module.get_sweep()
+  except Exception as error:  # noqa: BLE001 - any failure of the file is the config's
+    raise ConfigError(f"--sweep: {module.__file__}: get_sweep() failed: "
+                      f"{type(error).__name__}: {error}") from error
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -300,7 +346,7 @@ def check_numbers(config) -> None:
   """Every number of the config, in nested groups, lists and tuples too (say
   config.model.recurrence.lru.max_phase): a float finite, an int within int32; every key
   named seed, at any depth (config.seed, config.data.seed), an int in 0 … SEED_MAX."""
-  for key, value in _leaves_of(config):
+  for key, value in leaves_of(config):
     if key.rpartition(".")[2] == SEED:
       if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= SEED_MAX:
         raise ConfigError(f"config.{key}={value!r} must be in 0 … {SEED_MAX} (an int64)")
@@ -312,14 +358,14 @@ def check_numbers(config) -> None:
       raise ConfigError(f"config.{key}={value!r} must be {bound} (an int32)")
 
 
-def _leaves_of(node, key: str = ""):
+def leaves_of(node, key: str = ""):
   """(dotted key, value) for every leaf under node, in lists and tuples too (key[i])."""
   if isinstance(node, (ml_collections.ConfigDict, dict)):
     for name, child in node.items():
-      yield from _leaves_of(child, f"{key}.{name}" if key else name)
+      yield from leaves_of(child, f"{key}.{name}" if key else name)
   elif isinstance(node, (list, tuple)):
     for index, child in enumerate(node):
-      yield from _leaves_of(child, f"{key}[{index}]")
+      yield from leaves_of(child, f"{key}[{index}]")
   else:
     yield key, node
 
@@ -329,7 +375,7 @@ def check_base_keys(config, what: str) -> None:
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"{what} returned {config!r:.60} (a {type(config).__name__}), not an "
                       "ml_collections.ConfigDict; start it from research.training.base_config()")
-  missing = [key for key, _ in _leaves_of(base_config()) if not _has(config, key)]
+  missing = [key for key, _ in leaves_of(base_config()) if not _has(config, key)]
   if missing:
     raise ConfigError(f"{what} has no {', '.join(f'config.{k}' for k in missing[:5])}"
                       f"{' …' if len(missing) > 5 else ''}; start it from "

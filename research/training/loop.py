@@ -19,11 +19,8 @@ import numpy as np
 
 from research import files
 from research.errors import ConfigError, RunFailed
-from research.training import (
-  parallel,
-  provenance,
-  thread_failures,
-)
+from research.training import command, parallel, provenance
+from research.training.command import Interrupted, Stopped
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.compile import (
@@ -70,36 +67,10 @@ from research.training.workdir import (
   decoded,
   encoded,
   flatten,
-  latest_checkpoint,
   write_json,
 )
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class Stopped(Exception):
-  """SIGINT (Ctrl-C) or SIGTERM arrived; a checkpoint of the current step was written."""
-
-  def __init__(self, signum: int, step: int, directory: str):
-    self.signum = signum
-    super().__init__(f"{signal.Signals(signum).name} at step {step}: checkpoint saved in "
-                     f"{directory}; run the same command again to resume")
-
-
-class Interrupted(Stopped):
-  """Ctrl-C ended the run without a checkpoint of the step it reached: a second Ctrl-C while
-  the first one's checkpoint was written, or one before the loop (compiling, restoring) or
-  between a sweep's points. The message names the latest checkpoint saved under the workdir
-  (`latest_checkpoint`), read once the run has let go of its files, or says there is none."""
-
-  def __init__(self, workdir: str):
-    self.signum = signal.SIGINT
-    latest = latest_checkpoint(workdir)
-    Exception.__init__(self, (
-        f"interrupted (Ctrl-C): no checkpoint saved in {workdir}; run the same command again "
-        "to start" if latest is None else
-        f"interrupted (Ctrl-C): the latest saved checkpoint is step {latest[1]} in "
-        f"{latest[0]}; run the same command again to resume from it"))
 
 
 class WriteError(RunFailed):
@@ -288,10 +259,10 @@ def train(config, workdir: str, experiment: Experiment,
               checkpoints.save(step, strategy.host_state(state), workload.train_data.get_state(),
                                _to_json(unlogged))
             checkpoints.raise_if_failed()
-            if thread_failures.failed():      # another thread's exception (launch.py records them)
+            if command.failed():      # another thread's exception (launch.py records them)
               checkpoints.raise_if_failed(wait=True)    # a failed save says so in its own words
               latest = checkpoints.latest_step()
-              thread_failures.raise_if_failed(
+              command.raise_if_failed(
                   f"stopping at step {step}: " + ("no checkpoint was written yet" if latest is None
                   else f"the last complete checkpoint (step {latest}) is kept; run the same "
                   "command again to resume from it"))

@@ -29,10 +29,9 @@ from research import experiments
 from research.errors import ConfigError
 from research.models.recurrent_mixer import SELECTIVE
 from research.training.compile_only import compile_only, compile_sweep
+from research.training.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-import launch  # noqa: E402
 
 pytestmark = pytest.mark.aot   # needs the `aot` extra's toolchains: skipped where they are missing
 
@@ -74,7 +73,7 @@ LRA_LAYERS = 1
 
 
 def _config(name: str):
-  config, _ = launch.load_config(os.path.join(ROOT, CONFIGS[name]))
+  config, _ = load_config(os.path.join(ROOT, CONFIGS[name]))
   if name == "listops_lra_bf16":
     config.model.dtype = "bfloat16"
   if name.startswith("listops"):
@@ -160,7 +159,7 @@ SWEEP = [{"model.kind": "lstm"}, {"model.kind": "transformer"}]
 
 
 def _sequence_config(**overrides):
-  config, _ = launch.load_config(os.path.join(ROOT, "experiments/sequence_tasks.py"))
+  config, _ = load_config(os.path.join(ROOT, "experiments/sequence_tasks.py"))
   for key, value in {"data.length": 16, "model.hidden_size": 32, "model.num_layers": 1,
                      "train.batch_size": 8, "model.dtype": "bfloat16", **overrides}.items():
     parent, _, leaf = key.rpartition(".")

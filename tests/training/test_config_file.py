@@ -6,9 +6,11 @@ import pytest
 import tiny
 
 from research.errors import ConfigError
+from research.training import command
+from research.training.config import load_config
 
 sys.path.insert(0, tiny.ROOT)
-import launch  # noqa: E402
+import launch  # noqa: E402 - defines launch.py's flags, which command.parse reads
 
 
 @pytest.mark.parametrize("source, message", [
@@ -21,35 +23,36 @@ import launch  # noqa: E402
 def test_a_broken_config_file_is_a_config_error_naming_it(tmp_path, source, message):
   (tmp_path / "bad.py").write_text(source)
   with pytest.raises(ConfigError, match=message):
-    launch.load_config(str(tmp_path / "bad.py"))
+    load_config(str(tmp_path / "bad.py"))
 
 
 def test_a_missing_config_file_is_named(tmp_path):
   with pytest.raises(ConfigError, match=r"--config: no config file '.*missing\.py'"):
-    launch.load_config(str(tmp_path / "missing.py"))
+    load_config(str(tmp_path / "missing.py"))
 
 
 def test_variant_arguments_reach_get_config_and_its_errors_pass_through():
-  config, module = launch.load_config(tiny.CONFIG.replace("model=lstm", "model=gru"))
+  config, module = load_config(tiny.CONFIG.replace("model=lstm", "model=gru"))
   assert config.model.kind == "gru" and hasattr(module, "get_sweep")
   with pytest.raises(ConfigError, match="variant model='hyena' is not allowed"):
-    launch.load_config(tiny.CONFIG.replace("model=lstm", "model=hyena"))
+    load_config(tiny.CONFIG.replace("model=lstm", "model=hyena"))
 
 
-@pytest.mark.parametrize("argv, spec, rest", [
-    (["launch.py", "--config=a.py:x=1", "--config.seed=3"], "a.py:x=1",
-     ["launch.py", "--config.seed=3"]),
-    (["launch.py", "--config", "a.py", "--config.seed", "3"], "a.py",
-     ["launch.py", "--config.seed", "3"]),
-    (["launch.py", "--config.seed=3", "--sweep"], launch.DEFAULT_CONFIG,
-     ["launch.py", "--config.seed=3", "--sweep"]),
+@pytest.mark.parametrize("argv, experiment, kind", [
+    ([f"--config={tiny.CONFIG.replace('lstm', 'gru')}", "--config.seed=3"], "sequence_tasks",
+     "gru"),
+    (["--config", tiny.CONFIG, "--config.seed", "3"], "sequence_tasks", "lstm"),
+    (["--config.seed=3", "--sweep"], "nmt_dates", "lstm"),      # the default experiment
 ])
-def test_the_config_flag_is_taken_out_and_overrides_stay(argv, spec, rest):
-  assert launch.split_config_flag(argv) == (spec, rest)
+def test_the_config_file_is_loaded_and_its_overrides_applied(argv, experiment, kind):
+  parsed = command.parse(["launch.py", *argv])
+  assert (parsed.config.experiment, parsed.config.model.kind, parsed.config.seed) == (
+      experiment, kind, 3)
 
 
 def test_overrides_are_checked_against_the_loaded_config():
-  config, _ = launch.load_config(tiny.CONFIG)
-  launch.check_overrides(config, ["launch.py", "--config.model.hidden_size=8"])
+  config, _ = load_config(tiny.CONFIG)
+  overridden, _ = command.read_overrides(config, ["launch.py", "--config.model.hidden_size=8"])
+  assert overridden.model.hidden_size == 8 and config.model.hidden_size != 8
   with pytest.raises(ConfigError, match="config.model.hidden_size='eight' must be of type int"):
-    launch.check_overrides(config, ["launch.py", "--config.model.hidden_size", "eight"])
+    command.read_overrides(config, ["launch.py", "--config.model.hidden_size", "eight"])

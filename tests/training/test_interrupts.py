@@ -141,14 +141,11 @@ def test_a_second_ctrl_c_does_not_wait_for_the_checkpoint_it_cut(error, waits):
 ENDS_WITH_A_THREAD_LEFT = """
 import sys, threading
 sys.path.insert(0, sys.argv[2])
-import launch
-from absl import flags
-from research.training import loop
-flags.FLAGS(["launch.py"])
+from research.training import command
 def work():
   threading.Thread(target=threading.Event().wait).start()   # a library thread that never ends
-  raise loop.Interrupted(sys.argv[1])
-launch.main(work, False, [])
+  raise command.Interrupted(sys.argv[1])
+command.run(work, False)
 """
 
 

@@ -1,7 +1,7 @@
 """launch.py's rules for its flags and `--compile_only`: a flag without its value, an
 argument that is no flag, an unknown target refused in one line (listing the targets), and
 a workdir compile_only cannot use refused before anything is compiled or written, left as
-found; first in process (launch.value_flags, compile_target, compile_sweep), then as a user
+found; first in process (command.parse, read_overrides, compile_sweep), then as a user
 runs the commands (tests/training/forked_launch.py: one start-up for all, JAX's compile log
 on). None of this needs the compile toolchains (tests/aot compiles for real)."""
 
@@ -12,17 +12,24 @@ import sys
 import forked_launch
 import pytest
 import tiny
+from absl import flags as absl_flags
 
 from research.errors import ConfigError, UserError
+from research.training import command
 from research.training import compile_only as compile_only_module
 from research.training import workdir as workdirs
 
 sys.path.insert(0, tiny.ROOT)
-import launch  # noqa: E402
+import launch  # noqa: E402, F401 - defines launch.py's flags, which command.parse reads
 
 TARGETS = "tpu-v5e-1, tpu-v5e-8, tpu-v4-1, tpu-v4-8, tpu-v6e-1, h100, h100x8, a100, l4, t4"
 NO_TARGET = f"--compile_only needs a target: --compile_only=TARGET, one of: {TARGETS}"
 NO_WORKDIR = "--workdir needs a directory: --workdir=DIR (without the flag: a new one under runs/)"
+TINY = f"--config={tiny.CONFIG}"
+
+
+def parse(*argv: str) -> command.Command:
+  return command.parse(["launch.py", *argv])
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -38,7 +45,7 @@ NO_WORKDIR = "--workdir needs a directory: --workdir=DIR (without the flag: a ne
 ])
 def test_a_flag_without_its_value_is_refused_saying_what_it_takes(flags, message):
   with pytest.raises(ConfigError) as refused:
-    launch.value_flags(["launch.py", "--config=c.py", *flags])
+    parse("--config=c.py", *flags)
   assert str(refused.value) == message
 
 
@@ -46,9 +53,11 @@ def test_an_override_without_its_value_is_refused_and_a_negative_number_is_a_val
   config = tiny.config()
   with pytest.raises(ConfigError, match=r"^--config.data.length needs a value: "
                                         r"--config.data.length=VALUE$"):
-    launch.check_overrides(config, ["--config.data.length", "--sweep"])
-  launch.check_overrides(config, ["--config.train.learning_rate", "-0.1"])  # a value (of the
-  # right type: validation refuses its sign later, naming the key)
+    command.read_overrides(config, ["launch.py", "--config.data.length", "--sweep"])
+  overridden, _ = command.read_overrides(config, ["launch.py", "--config.train.learning_rate",
+                                                  "-0.1"])
+  assert overridden.train.learning_rate == -0.1   # a value (of the right type: validation
+  # refuses its sign later, naming the key)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -64,22 +73,22 @@ def test_an_override_without_its_value_is_refused_and_a_negative_number_is_a_val
                                      "takes no value; config.train.num_steps is 60"),
 ])
 def test_an_override_is_checked_in_every_spelling_absl_accepts(argv, message):
-  """One dash or two, `=VALUE` or the next argument, `--noKEY` (config_flags applies each;
+  """One dash or two, `=VALUE` or the next argument, `--noKEY` (config_flags applied each;
   a one-dash typo ended in an AttributeError traceback)."""
   with pytest.raises(ConfigError) as refused:
-    launch.check_overrides(tiny.config(), ["launch.py", "--workdir=/w", *argv])
+    command.read_overrides(tiny.config(), ["launch.py", *argv])
   assert str(refused.value).startswith(message), refused.value
 
 
 def test_flags_are_read_as_absl_reads_them():
-  """`-NAME` and `--NAME`, with `=VALUE` or without; nothing after `--`; `---NAME` and a
-  lone dash are no flag absl knows."""
-  argv = ["launch.py", "-config=a.py", "--config.x=1", "-config.y", "2", "---z", "-", "--",
-          "--config=b.py"]
-  assert list(launch.flags_of(argv)) == [(1, "config", "a.py"), (2, "config.x", "1"),
-                                         (3, "config.y", None), (5, "-z", None)]
-  assert launch.split_config_flag(argv) == ("a.py", [a for a in argv if a != "-config=a.py"])
-  launch.check_overrides(tiny.config(), ["launch.py", "--", "--config.model.bogus=1"])
+  """launch.py's flags and the config's keys in one command line, `-NAME` or `--NAME`, with
+  `=VALUE` or the next argument, the last one counting; nothing after `--` is a flag."""
+  parsed = parse("-config", tiny.CONFIG, "--config.seed=1", "-config.train.num_steps", "7",
+                 "--sweep", "--config.seed", "3", "--workdir=/w")
+  assert (parsed.mode, parsed.config.seed, parsed.config.train.num_steps) == ("train", 3, 7)
+  assert parsed.config.model.kind == "lstm" and absl_flags.FLAGS.sweep
+  with pytest.raises(ConfigError, match="^unexpected argument '--config=b.py'"):
+    parse(TINY, "--", "--config=b.py")
 
 
 @pytest.mark.parametrize("flags, target", [
@@ -90,10 +99,10 @@ def test_flags_are_read_as_absl_reads_them():
     (["--compile_only= A100"], "a100"),
     (["--compile_only=t4", "--compile_only=l4"], "l4"),
     (["--compile_only=", "--compile_only=t4", "--workdir=", "--workdir=/w"], "t4"),
-    (["--", "--compile_only=t4"], None),            # after --: not a flag
 ])
 def test_a_target_is_read_as_absl_reads_the_flag(flags, target):
-  assert launch.compile_target(launch.value_flags(["launch.py", *flags])) == target
+  parsed = parse(TINY, *flags)
+  assert (parsed.mode, parsed.target) == ("train" if target is None else "compile", target)
 
 
 @pytest.mark.parametrize("value, hint", [("tpu-v9", ""),
@@ -101,7 +110,7 @@ def test_a_target_is_read_as_absl_reads_the_flag(flags, target):
                                          ("h100x4", " (did you mean 'h100x8'?)")])
 def test_an_unknown_target_is_refused_listing_the_targets_and_the_nearest(value, hint):
   with pytest.raises(ConfigError) as refused:
-    launch.compile_target({"compile_only": value})
+    parse(TINY, f"--compile_only={value}")
   assert str(refused.value) == (f"--compile_only: unknown target {value!r}{hint}; choose one "
                                 f"of: {TARGETS}")
 
@@ -120,28 +129,26 @@ def test_an_unknown_target_is_refused_listing_the_targets_and_the_nearest(value,
     (["--export", "--step=3", "--workdir="], "--workdir needs a directory"),
 ])
 def test_what_does_not_go_with_eval_only_or_export_is_refused(flags, message):
-  argv = ["launch.py", "--workdir=/w", *flags]
   with pytest.raises(ConfigError) as refused:
-    launch.checkpoint_flag(argv, launch.value_flags(argv))
+    parse("--workdir=/w", *flags)
   assert str(refused.value).startswith(message), refused.value
 
 
 def test_export_needs_a_workdir():
-  argv = ["launch.py", "--export", "--step=3"]
   with pytest.raises(ConfigError) as refused:
-    launch.checkpoint_flag(argv, launch.value_flags(argv))
+    parse("--export", "--step=3")
   assert str(refused.value) == "--export needs --workdir=DIR, the workdir of the run to export"
 
 
 @pytest.mark.parametrize("flags, expected", [
     (["--export", "--step", "3"], "export"),
     (["--eval_only=true"], "eval_only"),
-    (["--export", "--noexport"], None),                   # the last one counts, as in absl
-    (["--", "--export"], None),                           # after --: not a flag
+    (["--export", "--noexport", TINY], "train"),          # the last one counts, as in absl
 ])
 def test_eval_only_and_export_are_read_as_absl_reads_them(flags, expected):
-  argv = ["launch.py", "--workdir=/w", *flags]
-  assert launch.checkpoint_flag(argv, launch.value_flags(argv)) == expected
+  assert parse("--workdir=/w", *flags).mode == expected
+  with pytest.raises(ConfigError, match="^unexpected argument '--export'"):
+    parse("--workdir=/w", TINY, "--", "--export")       # after --: not a flag
 
 
 def _unreachable(*args, **kwargs):

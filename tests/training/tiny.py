@@ -24,11 +24,9 @@ def config(**overrides):
 
 def _loaded(spec: str, overrides: dict):
   """launch.py's config `spec` (FILE:VARIANTS) with `overrides` applied."""
-  sys.path.insert(0, ROOT)
-  import launch  # noqa: PLC0415
-  from research.training.config import apply_overrides  # noqa: PLC0415
+  from research.training.config import apply_overrides, load_config  # noqa: PLC0415
 
-  loaded, _ = launch.load_config(spec)
+  loaded, _ = load_config(spec)
   return apply_overrides(loaded, overrides)
 
 

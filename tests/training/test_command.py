@@ -1,6 +1,6 @@
 """An exception in another thread, or one raised where nothing can catch it, ends the run in
 one line `error: ...` and status 1, the last complete checkpoint readable
-(research/training/thread_failures.py): launch.py commands of the tiny config, each run in
+(research/training/command.py): launch.py commands of the tiny config, each run in
 a forked child of this file run as a script, with a failure injected into the child."""
 
 import asyncio
@@ -17,7 +17,7 @@ import jax
 import pytest
 import tiny
 
-from research.training import thread_failures
+from research.training import command
 from research.training.checkpoints import Checkpoints
 from research.training.train_step import init_state, make_optimizer
 
@@ -60,7 +60,7 @@ def _inject(case: str) -> None:
   from research.training import metrics  # noqa: PLC0415
 
   write = metrics.MetricsWriter.write
-  thread_failures.GRACE_SECONDS = 1
+  command.GRACE_SECONDS = 1
 
   def failing_write(self, step: int, values: dict) -> None:
     write(self, step, values)
@@ -82,7 +82,7 @@ def _inject(case: str) -> None:
 
   metrics.MetricsWriter.write = failing_write
   if case == "at exit":                   # once launch.py has ended with status 0
-    ending = thread_failures.ending
+    ending = command.ending
 
     def ending_then_failing(status: int) -> None:
       ending(status)
@@ -90,7 +90,7 @@ def _inject(case: str) -> None:
       thread.start()
       thread.join()
 
-    thread_failures.ending = ending_then_failing
+    command.ending = ending_then_failing
 
 
 def _run_cases(directory: str) -> None:
@@ -187,9 +187,9 @@ def test_only_a_closed_event_loops_late_callback_from_native_code_is_benign():
     del thing
 
   benign = _unraisable(late_callback)
-  assert benign.exc_type is RuntimeError and thread_failures.is_benign(benign)
-  assert not thread_failures.is_benign(_unraisable(same_error_of_our_own))
-  assert not thread_failures.is_benign(_unraisable(lambda: Leaky()))
+  assert benign.exc_type is RuntimeError and command.is_benign(benign)
+  assert not command.is_benign(_unraisable(same_error_of_our_own))
+  assert not command.is_benign(_unraisable(lambda: Leaky()))
 
 
 if __name__ == "__main__":
