@@ -96,7 +96,9 @@ SHOWS_DEVICES = "import jax; print(jax.devices()); print(jax.numpy.arange(3).sum
 ENTRY_POINTS = {
     "training": ["-c", f"import research.training; {SHOWS_DEVICES}"],
     "predict": ["-c", f"from research import predict; {SHOWS_DEVICES}"],
-    "notebook": ["-c", f"from research import notebook; {SHOWS_DEVICES}"],
+    "notebook": ["-c", "import sys; sys.path.insert(0, 'notebooks'); import colab; "   # cells 1, 2
+                 "import matplotlib.pyplot; from research.training import apply_overrides; "
+                 f"{SHOWS_DEVICES}"],
     "launch": ["launch.py", "--config", "experiments/lra.py:task=bogus"],
     "benchmark": ["benchmarks/attention.py", "--help"],
     "pytest": ["-m", "pytest", "-q", "-n", "1", "-p", "no:cacheprovider",
