@@ -1,9 +1,10 @@
 """`implementation="pallas_gpu"`: our flash attention in Pallas (Triton), forward and backward.
 
 Exact attention out = softmax(S) V over the visible keys, computed tile by tile without the
-[q_len, kv_len] weights and visiting only the tiles some query sees. On an NVIDIA GPU the
-kernels are compiled by Triton; on any other backend they run through Pallas' interpreter
-(`interpret=True`), slowly but exactly, for tests.
+[q_len, kv_len] weights and visiting only the tiles some query sees; a tile that visits far
+more than the others (global tokens) is split over several programs whose partial results
+are combined (`split_visits`). On an NVIDIA GPU the kernels are compiled by Triton; on any
+other backend they run through Pallas' interpreter (`interpret=True`), slowly but exactly.
 """
 
 import functools
@@ -18,21 +19,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from research.attention import registry
+from research.attention.kernels import split_visits
+from research.attention.kernels.gpu_tiles import MIN_TILE, Tiles, Tiling, power_of_two, tiles_for
 from research.attention.masks import Visibility, visit_lists
+from research.errors import ConfigError
 
 Array = jax.Array
 MIN_CAPABILITY = (8, 0)   # XLA compiles Triton kernels for Ampere and newer only
 MAX_HEAD_DIM = 256
-MIN_TILE = 16           # Triton's dot needs every side of a tile to be at least 16
 LOG2E = math.log2(math.e)
-
-
-class Tiles(NamedTuple):
-  """One kernel family's tiling and Triton settings."""
-  block_q: int
-  block_k: int
-  num_warps: int
-  num_stages: int
 
 
 class Config(NamedTuple):
@@ -41,50 +36,9 @@ class Config(NamedTuple):
   pattern: Visibility               # causal, window, global tokens (no key lengths)
   q_len: int                        # unpadded lengths
   kv_len: int
-  forward: Tiles
-  backward: Tiles
+  tiling: Tiling
+  splits: int | None                # slices per long visit-list row (`split_visits.split`)
   interpret: bool
-
-
-def _power_of_two(n: int) -> int:
-  return 1 << max(n - 1, 0).bit_length()
-
-
-# Default (forward, backward) tiles by the bytes of one padded head row (d · itemsize): the
-# tiles of q, k, v and their pipeline stages must fit in shared memory (163 KiB on an A100;
-# checked by compiling for sm_80 and sm_90):
-#   row bytes   e.g.                      forward    backward
-#   ≤ 256       bf16 d ≤ 128, f32 d ≤ 64  128 × 64   64 × 64
-#   ≤ 512       bf16 d 256, f32 d 128     64 × 32    32 × 32
-#   1024        f32 d 256                 32 × 32    16 × 32
-TILES_BY_ROW_BYTES = ((256, (128, 64), (64, 64)), (512, (64, 32), (32, 32)),
-                      (1024, (32, 32), (16, 32)))
-
-
-def _largest_power_of_two_dividing(n: int) -> int:
-  return n & -n
-
-
-def _tiles(block_size: int | None, head_dim: int, itemsize: int, q_len: int,
-           kv_len: int, nest: int | None = None) -> tuple[Tiles, Tiles]:
-  """(forward, backward) tiles block_q × block_k for a padded head dim: block_size (a power
-  of two ≥ 16) for every kernel, else by the bytes of a padded head row (TILES_BY_ROW_BYTES);
-  each clipped to the lengths rounded up to a power of two and, for a block-sparse pattern
-  (BigBird), to the largest power of two dividing `nest`, its block B (so B must be a
-  multiple of 16: refused otherwise). Triton: 4 warps up to head dim 64, else 8; 3 pipeline
-  stages up to 64 in the forward, else 2."""
-  if block_size is not None and (block_size < MIN_TILE or block_size != _power_of_two(block_size)):
-    raise ValueError(f"pallas_gpu: block_size must be a power of two >= {MIN_TILE}, "
-                     f"got {block_size}")
-  forward, backward = next((f, b) for row_bytes, f, b in TILES_BY_ROW_BYTES
-                           if head_dim * itemsize <= row_bytes)
-  if block_size is not None:
-    forward = backward = (block_size, block_size)
-  most = _largest_power_of_two_dividing(nest) if nest else None
-  fit = lambda block, length: min(block, max(MIN_TILE, _power_of_two(length)), most or block)
-  warps = 4 if head_dim <= 64 else 8
-  return (Tiles(fit(forward[0], q_len), fit(forward[1], kv_len), warps, 3 if head_dim <= 64 else 2),
-          Tiles(fit(backward[0], q_len), fit(backward[1], kv_len), warps, 2))
 
 
 # ---------------------------------------------------------------- tiles inside the kernels
@@ -98,18 +52,21 @@ def _pairwise_tile(ref, head, q_start, k_start, block_q: int, block_k: int) -> A
 
 
 def _visible(refs, config: Config, q_start, k_start, block_q: int, block_k: int, batch, head,
-             partial: bool) -> Array | None:
-  """bool [block_q, block_k] (or broadcastable): query q_start + a sees key k_start + b.
-  None when nothing is masked. `partial`: the tile needs the static pattern too."""
-  queries = (q_start + jnp.arange(block_q))[:, None]
-  keys = (k_start + jnp.arange(block_k))[None, :]
+             partial: bool, keys_first: bool) -> Array | None:
+  """bool [block_q, block_k] (keys_first: [block_k, block_q]; or broadcastable): query
+  q_start + a sees key k_start + b. None when nothing is masked. `partial`: the tile needs
+  the static pattern too."""
+  along = lambda x, axis: jnp.expand_dims(x, 1 - axis)   # a vector along a tile's axis
+  q_axis, k_axis = (1, 0) if keys_first else (0, 1)
+  queries = along(q_start + jnp.arange(block_q), q_axis)
+  keys = along(k_start + jnp.arange(block_k), k_axis)
   conditions = []
   if partial:
     flags = {}
     if config.pattern.global_tokens:
       is_global = refs["is_global"]
-      flags = dict(global_queries=is_global[pl.ds(q_start, block_q)][:, None],
-                   global_keys=is_global[pl.ds(k_start, block_k)][None, :])
+      flags = dict(global_queries=along(is_global[pl.ds(q_start, block_q)], q_axis),
+                   global_keys=along(is_global[pl.ds(k_start, block_k)], k_axis))
     pattern = config.pattern.tile_visible(queries, keys, **flags)
     if pattern is not None:
       conditions.append(pattern)
@@ -118,21 +75,27 @@ def _visible(refs, config: Config, q_start, k_start, block_q: int, block_k: int,
   if "lengths" in refs:
     conditions.append(keys < refs["lengths"][batch])
   if "mask" in refs:
-    conditions.append(_pairwise_tile(refs["mask"], head, q_start, k_start, block_q, block_k))
+    tile = _pairwise_tile(refs["mask"], head, q_start, k_start, block_q, block_k)
+    conditions.append(tile.T if keys_first else tile)
   return functools.reduce(jnp.logical_and, conditions) if conditions else None
 
 
-def _logits(refs, config: Config, q, k, q_start, k_start, batch, head, partial: bool) -> Array:
-  """float32 [block_q, block_k]: S · log₂e, S = scale · q kᵀ + bias, −∞ where the query
-  does not see the key (base 2: the kernels exponentiate with exp2). q: [block_q, d],
-  k: [block_k, d]."""
+def _logits(refs, config: Config, q, k, q_start, k_start, batch, head, partial: bool,
+            keys_first: bool = False) -> Array:
+  """float32 [block_q, block_k] (keys_first: its transpose [block_k, block_q]): S · log₂e,
+  S = scale · q kᵀ + bias, −∞ where the query does not see the key (base 2: the kernels
+  exponentiate with exp2). q: [block_q, d], k: [block_k, d]."""
   block_q, block_k = q.shape[0], k.shape[0]
-  qk = jnp.einsum("qd,kd->qk", q, k, preferred_element_type=jnp.float32)
-  s = qk * (config.scale * LOG2E)
+  if keys_first:
+    s = jnp.einsum("kd,qd->kq", k, q, preferred_element_type=jnp.float32)
+  else:
+    s = jnp.einsum("qd,kd->qk", q, k, preferred_element_type=jnp.float32)
+  s = s * (config.scale * LOG2E)
   if "bias" in refs:
     bias = _pairwise_tile(refs["bias"], head, q_start, k_start, block_q, block_k)
-    s = s + bias.astype(jnp.float32) * LOG2E
-  visible = _visible(refs, config, q_start, k_start, block_q, block_k, batch, head, partial)
+    s = s + (bias.T if keys_first else bias).astype(jnp.float32) * LOG2E
+  visible = _visible(refs, config, q_start, k_start, block_q, block_k, batch, head, partial,
+                     keys_first)
   return s if visible is None else jnp.where(visible, s, -jnp.inf)
 
 
@@ -143,17 +106,42 @@ def _visit(refs, row, step, carry):
   return lax.fori_loop(partial, every, functools.partial(step, partial=False), carry)
 
 
+def _slicing(refs) -> bool:
+  """Whether this program walks a slice of a long row (`split_visits`): its row is the
+  `owners` table's entry, its held rows are cut from the whole array, and it writes
+  partial results for the combine."""
+  return "owners" in refs
+
+
+def _held(refs, name: str, start, size: int) -> Array:
+  """The program's held rows start … start + size of refs[name]: its own block, or cut
+  from the whole rows in a slice's program."""
+  return refs[name][pl.ds(start, size)] if _slicing(refs) else refs[name][...]
+
+
+def _program_tile(refs, size: int, order):
+  """(the program's row of the visit tables, the first position of the tile it holds):
+  `order`'s tile (`Plan.order`), or in a slice's program the `owners` table's."""
+  program = pl.program_id(0)
+  if _slicing(refs):
+    return program, pl.multiple_of(refs["owners"][program] * size, size)
+  tile = order(program)
+  return tile, pl.multiple_of(tile * size, size)
+
+
 # ---------------------------------------------------------------- the kernels
 
-def _forward_kernel(refs, config: Config):
-  """One query tile of one head: out [block_q, d_v] and lse [block_q] (online softmax, base 2)."""
-  i, batch = pl.program_id(0), pl.program_id(1)
-  block_q, block_k = config.forward.block_q, config.forward.block_k
-  q, q_start = refs["q"][...], i * block_q
+def _forward_kernel(refs, config: Config, order):
+  """One query tile of one head: out [block_q, d_v] and lse [block_q] (online softmax, base
+  2); a slice's program writes its running max, sum and unnormalised output (m, ℓ, acc)."""
+  batch = pl.program_id(1)
+  block_q, block_k = config.tiling.forward.block_q, config.tiling.forward.block_k
+  row, q_start = _program_tile(refs, block_q, order)
+  q = _held(refs, "q", q_start, block_q)
 
   def step(t, carry, partial):
     m, l, acc = carry
-    k_start = pl.multiple_of(refs["visits"][i, t] * block_k, block_k)
+    k_start = pl.multiple_of(refs["visits"][row, t] * block_k, block_k)
     k = refs["k"][pl.ds(k_start, block_k), :]
     v = refs["v"][pl.ds(k_start, block_k), :]
     s = _logits(refs, config, q, k, q_start, k_start, batch, 0, partial)
@@ -167,57 +155,67 @@ def _forward_kernel(refs, config: Config):
 
   start = (jnp.full((block_q,), -jnp.inf, jnp.float32), jnp.zeros((block_q,), jnp.float32),
            jnp.zeros((block_q, refs["v"].shape[-1]), jnp.float32))
-  m, l, acc = _visit(refs, i, step, start)
+  m, l, acc = _visit(refs, row, step, start)
+  if _slicing(refs):
+    refs["m"][...], refs["l"][...], refs["acc"][...] = m, l, acc
+    return
   seen = l > 0
   refs["out"][...] = (acc / jnp.where(seen, l, 1.0)[:, None]).astype(refs["out"].dtype)
   refs["lse"][...] = jnp.where(seen, m + jnp.log2(l), jnp.inf)
 
 
-def _dq_kernel(refs, config: Config):
-  """One query tile of one head: dQ [block_q, d], and dS into dbias when there is a bias."""
-  i, batch = pl.program_id(0), pl.program_id(1)
-  block_q, block_k = config.backward.block_q, config.backward.block_k
-  q, do, q_start = refs["q"][...], refs["do"][...], i * block_q
-  lse, delta = refs["lse"][...], refs["delta"][...]
+def _dq_kernel(refs, config: Config, order):
+  """One query tile of one head: dQ [block_q, d] (a slice's program: its key tiles' share,
+  float32), and dS into dbias when there is a bias."""
+  batch = pl.program_id(1)
+  block_q, block_k = config.tiling.dq.block_q, config.tiling.dq.block_k
+  row, q_start = _program_tile(refs, block_q, order)
+  q, do = _held(refs, "q", q_start, block_q), _held(refs, "do", q_start, block_q)
+  lse, delta = _held(refs, "lse", q_start, block_q), _held(refs, "delta", q_start, block_q)
+  ds_rows = pl.ds(q_start, block_q) if _slicing(refs) else slice(None)
 
   def step(t, dq, partial):
-    k_start = pl.multiple_of(refs["visits"][i, t] * block_k, block_k)
+    k_start = pl.multiple_of(refs["visits"][row, t] * block_k, block_k)
     k = refs["k"][pl.ds(k_start, block_k), :]
     v = refs["v"][pl.ds(k_start, block_k), :]
     p = jnp.exp2(_logits(refs, config, q, k, q_start, k_start, batch, 0, partial) - lse[:, None])
     dp = jnp.einsum("qd,kd->qk", do, v, preferred_element_type=jnp.float32)
     ds = p * (dp - delta[:, None])
     if "dbias" in refs:
-      refs["dbias"][:, pl.ds(k_start, block_k)] = ds
+      refs["dbias"][ds_rows, pl.ds(k_start, block_k)] = ds
     return dq + jnp.einsum("qk,kd->qd", ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
-  dq = _visit(refs, i, step, jnp.zeros(q.shape, jnp.float32))
+  dq = _visit(refs, row, step, jnp.zeros(q.shape, jnp.float32))
   refs["dq"][...] = (dq * config.scale).astype(refs["dq"].dtype)
 
 
-def _dkv_kernel(refs, config: Config):
+def _dkv_kernel(refs, config: Config, order):
   """One key tile of one kv head: dK, dV [block_k, d], summed over the query heads that
-  read this kv head (the query-tile loop runs once per head of the group)."""
-  j, batch = pl.program_id(0), pl.program_id(1)
-  block_q, block_k = config.backward.block_q, config.backward.block_k
-  k, v, k_start = refs["k"][...], refs["v"][...], j * block_k
+  read this kv head (the query-tile loop runs once per head of the group); a slice's
+  program sums its query tiles only (float32). Key-major: every product has the held keys
+  as its rows (Sᵀ = K Qᵀ, dV += Pᵀ dO, dPᵀ = V dOᵀ, dK += dSᵀ Q), no tile transposed."""
+  batch = pl.program_id(1)
+  block_q, block_k = config.tiling.dkv.block_q, config.tiling.dkv.block_k
+  row, k_start = _program_tile(refs, block_k, order)
+  k, v = _held(refs, "k", k_start, block_k), _held(refs, "v", k_start, block_k)
 
   def step(t, carry, partial, g):
     dk, dv = carry
-    q_start = pl.multiple_of(refs["visits"][j, t] * block_q, block_q)
+    q_start = pl.multiple_of(refs["visits"][row, t] * block_q, block_q)
     q = refs["q"][pl.ds(q_start, block_q), g, :]
     do = refs["do"][pl.ds(q_start, block_q), g, :]
     lse = refs["lse"][g, pl.ds(q_start, block_q)]
     delta = refs["delta"][g, pl.ds(q_start, block_q)]
-    p = jnp.exp2(_logits(refs, config, q, k, q_start, k_start, batch, g, partial) - lse[:, None])
-    dv = dv + jnp.einsum("qk,qd->kd", p.astype(do.dtype), do, preferred_element_type=jnp.float32)
-    dp = jnp.einsum("qd,kd->qk", do, v, preferred_element_type=jnp.float32)
-    ds = p * (dp - delta[:, None])
-    dk = dk + jnp.einsum("qk,qd->kd", ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
+    s_t = _logits(refs, config, q, k, q_start, k_start, batch, g, partial, keys_first=True)
+    p_t = jnp.exp2(s_t - lse[None, :])
+    dv = dv + jnp.einsum("kq,qd->kd", p_t.astype(do.dtype), do, preferred_element_type=jnp.float32)
+    dp_t = jnp.einsum("kd,qd->kq", v, do, preferred_element_type=jnp.float32)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = dk + jnp.einsum("kq,qd->kd", ds_t.astype(q.dtype), q, preferred_element_type=jnp.float32)
     return dk, dv
 
   def head(g, carry):
-    return _visit(refs, j, lambda t, c, partial: step(t, c, partial, g), carry)
+    return _visit(refs, row, lambda t, c, partial: step(t, c, partial, g), carry)
 
   group = refs["q"].shape[1]  # the query heads reading this kv head
   start = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
@@ -244,9 +242,39 @@ def _pairwise(heads: int):
   return spec
 
 
+def _rows(tile: int | None, order=None, group: int | None = None):
+  """BlockSpec of x [b, L, H, d] for programs (p, batch, head): tile `order(p)` (`tile`
+  rows) of head h, or (tile None) all L rows of head h, or of the `group` heads from
+  h · group on (the query heads that read kv head h)."""
+  def spec(x) -> pl.BlockSpec:
+    heads = None if group is None else group
+    if tile is None:
+      return pl.BlockSpec((None, x.shape[1], heads, x.shape[3]), lambda _, b, h: (b, 0, h, 0))
+    return pl.BlockSpec((None, tile, heads, x.shape[3]), lambda p, b, h: (b, order(p), h, 0))
+  return spec
+
+
+def _by_head(tile: int | None, order=None, group: int | None = None):
+  """BlockSpec of x [b, H, L] for programs (p, batch, head): tile `order(p)` (`tile`
+  entries) of head h, all L (tile None), or all L of `group` heads from h · group on."""
+  def spec(x) -> pl.BlockSpec:
+    if group is not None:
+      return pl.BlockSpec((None, group, x.shape[2]), lambda _, b, h: (b, h, 0))
+    if tile is None:
+      return pl.BlockSpec((None, None, x.shape[2]), lambda _, b, h: (b, h, 0))
+    return pl.BlockSpec((None, None, tile), lambda p, b, h: (b, h, order(p)))
+  return spec
+
+
+def _part(x) -> pl.BlockSpec:
+  """BlockSpec of a slices' output [b, H, slices, ...] for programs (slice, batch, head)."""
+  rest = x.shape[3:]
+  return pl.BlockSpec((None, None, None, *rest), lambda p, b, h: (b, h, p, *(0,) * len(rest)))
+
+
 def _call(kernel, config: Config, tiles: Tiles, grid, inputs: dict, outputs: dict, name: str,
-          aliases: dict | None = None):
-  """pallas_call of kernel(refs: dict name → ref, config) over `grid`. inputs: name →
+          aliases: dict | None = None, order=None):
+  """pallas_call of kernel(refs: dict name → ref, config, order) over `grid`. inputs: name →
   (array or None (left out), spec: array → BlockSpec); outputs: name → (ShapeDtypeStruct,
   spec); aliases: output name → the input name whose buffer it starts from."""
   inputs = {name: (x, spec(x)) for name, (x, spec) in inputs.items() if x is not None}
@@ -254,7 +282,7 @@ def _call(kernel, config: Config, tiles: Tiles, grid, inputs: dict, outputs: dic
   positions = {name: n for n, name in enumerate(inputs)}
   out_names = list(outputs)
   return pl.pallas_call(
-      lambda *refs: kernel(dict(zip(names, refs)), config),
+      lambda *refs: kernel(dict(zip(names, refs)), config, order),
       grid=grid,
       in_specs=[spec for _, spec in inputs.values()],
       out_specs=[spec(shape) for shape, spec in outputs.values()],
@@ -266,9 +294,20 @@ def _call(kernel, config: Config, tiles: Tiles, grid, inputs: dict, outputs: dic
   )(*[x for x, _ in inputs.values()])
 
 
-def _pattern_inputs(config: Config, tiles: Tiles, padded: tuple[int, int], lengths,
-                    transpose: bool) -> dict:
-  """The inputs every kernel takes: its visit lists, key lengths, global-token flags.
+class Plan(NamedTuple):
+  """One kernel's visits: its main call's inputs, its slices' call's (None without long
+  rows), the Slices, and `order`: the tile main-call program p holds (p, or the tiles in
+  reverse where the later ones visit more, as causal queries do: the heaviest programs
+  start first and the last wave holds light ones)."""
+  main: dict
+  sliced: dict | None
+  slices: split_visits.Slices | None
+  order: object
+
+
+def _plan(config: Config, tiles: Tiles, padded: tuple[int, int], lengths,
+          transpose: bool) -> Plan:
+  """The visits of a kernel: its visit lists, key lengths, global-token flags.
 
   `Visibility.block_map` (static: causal, window, global tokens, a block-sparse pattern,
   kv_len) says for each (query tile, key tile) pair: 0 invisible, 1 partially visible, 2
@@ -276,19 +315,66 @@ def _pattern_inputs(config: Config, tiles: Tiles, padded: tuple[int, int], lengt
   tiles to visit (partial ones first) and its two counts, int32 arrays the forward and dQ
   kernels index; the transposed map gives, per key tile, the query tiles for dK, dV. A
   window w thus costs O(L·w), causal half of full, global tokens add their rows and columns
-  of tiles, a block-sparse pattern (Sparse Transformer, BigBird) its visible tiles. Partial
-  tiles evaluate the pattern on position iotas (window, causality, global tokens through a
-  bool table of positions, the fixed / strided rule, the end of the keys; BigBird's tiles
-  lie within its blocks, so its table is all in the visit lists); every tile applies the
-  dynamic part: key lengths, the user's mask and bias tiles.
+  of tiles, a block-sparse pattern (Sparse Transformer, BigBird) its visible tiles. Rows
+  far longer than the others (global rows and columns) are emptied in the main call and
+  cut into slices for a second call (`split_visits.split`, `config.splits` slices each).
+  Partial tiles evaluate the pattern on position iotas (window, causality, global tokens
+  through a bool table of positions, the fixed / strided rule, the end of the keys;
+  BigBird's tiles lie within its blocks, so its table is all in the visit lists); every
+  tile applies the dynamic part: key lengths, the user's mask and bias tiles.
   """
   visits, counts = visit_lists(config.pattern, (config.q_len, config.kv_len), padded,
                                (tiles.block_q, tiles.block_k), transpose)
+  counts, slices = split_visits.split(visits, counts, config.splits)
   is_global = None
   if config.pattern.global_tokens:
     is_global = jnp.asarray(np.isin(np.arange(max(padded)), config.pattern.global_tokens))
-  return dict(visits=(visits, _whole), counts=(counts, _whole), lengths=(lengths, _whole),
-              is_global=(is_global, _whole))
+  shared = dict(lengths=(lengths, _whole), is_global=(is_global, _whole))
+  main = dict(visits=(visits, _whole), counts=(counts, _whole), **shared)
+  last, half = len(counts) - 1, len(counts) // 2
+  reverse = counts[half:, 1].sum() > counts[:half, 1].sum()
+  order = (lambda p: last - p) if reverse else (lambda p: p)
+  if slices is None:
+    return Plan(main, None, None, order)
+  return Plan(main, dict(visits=(slices.visits, _whole), counts=(slices.counts, _whole),
+                         owners=(slices.owners, _whole), **shared), slices, order)
+
+
+def _replace_tiles(x: Array, rows: np.ndarray, values: Array) -> Array:
+  """x [b, L, H, d] with its tiles `rows` (of values.shape[3] positions) set to values
+  [b, H, len(rows), tile, d], cast to x's dtype."""
+  batch, length, heads, dim = x.shape
+  tile = values.shape[3]
+  tiles = x.reshape(batch, length // tile, tile, heads, dim)
+  values = jnp.transpose(values, (0, 2, 3, 1, 4)).astype(x.dtype)
+  return tiles.at[:, rows].set(values).reshape(x.shape)
+
+
+def _sum_slices(parts: Array, slices: split_visits.Slices) -> Array:
+  """[b, H, long · parts, ...] → [b, H, long, ...]: each long row's slices summed."""
+  batch, heads, _, *rest = parts.shape
+  return parts.reshape(batch, heads, len(slices.rows), slices.parts, *rest).sum(3)
+
+
+def _combine(out: Array, lse: Array, m: Array, l: Array, acc: Array,
+             slices: split_visits.Slices) -> tuple[Array, Array]:
+  """out [b, Lq, H, d_v] and lse [b, H, Lq] with the long rows' tiles set from their slices'
+  partial softmaxes m, ℓ [b, H, long · parts, block_q] and acc [..., d_v] (base 2):
+
+    m* = maxₛ mₛ,   ℓ = Σₛ e^(mₛ − m*) ℓₛ,   O = Σₛ e^(mₛ − m*) accₛ / ℓ,   lse = m* + log ℓ
+
+  (a row no slice saw anything of: O = 0, lse = +∞, as in the kernel)."""
+  batch, heads, _, block_q = m.shape
+  m, l, acc = (x.reshape(batch, heads, len(slices.rows), slices.parts, *x.shape[3:])
+               for x in (m, l, acc))
+  top = m.max(3)
+  shift = jnp.where(top == -jnp.inf, 0.0, top)
+  weight = jnp.exp2(m - shift[:, :, :, None])
+  total = (weight * l).sum(3)
+  merged = (weight[..., None] * acc).sum(3) / jnp.where(total > 0, total, 1.0)[..., None]
+  merged_lse = jnp.where(total > 0, shift + jnp.log2(total), jnp.inf)
+  lse = lse.reshape(batch, heads, -1, block_q).at[:, :, slices.rows].set(merged_lse)
+  return _replace_tiles(out, slices.rows, merged), lse.reshape(batch, heads, -1)
 
 
 def _forward(config: Config, q, k, v, bias, mask, lengths) -> tuple[Array, Array]:
@@ -303,23 +389,35 @@ def _forward(config: Config, q, k, v, bias, mask, lengths) -> tuple[Array, Array
     acc'  = e^(m − m') acc + e^(S_ij − m') V_j                                 (float32)
     O_i   = acc / ℓ,   lse_i = m + log ℓ   (a row with ℓ = 0 sees no key: O = 0, lse = +∞)
 
-  (in base 2 inside the kernels: S · log₂e and exp2, the GPU's native exponential).
+  (in base 2 inside the kernels: S · log₂e and exp2, the GPU's native exponential). A
+  long row's slices each stop at (m, ℓ, acc), merged by `_combine`.
   """
   batch, q_len, heads, _ = q.shape
   group = heads // k.shape[2]
-  tiles = config.forward
-  query_tile = lambda x: pl.BlockSpec((None, tiles.block_q, None, x.shape[-1]),
-                                      lambda i, b, h: (b, i, h, 0))
+  tiles = config.tiling.forward
+  plan = _plan(config, tiles, (q_len, k.shape[1]), lengths, False)
   keys = lambda x: pl.BlockSpec((None, x.shape[1], None, x.shape[3]),
                                 lambda _, b, h: (b, 0, h // group, 0))
-  rows = lambda _: pl.BlockSpec((None, None, tiles.block_q), lambda i, b, h: (b, h, i))
-  inputs = dict(q=(q, query_tile), k=(k, keys), v=(v, keys), bias=(bias, _pairwise(1)),
-                mask=(mask, _pairwise(1)),
-                **_pattern_inputs(config, tiles, (q_len, k.shape[1]), lengths, False))
+  common = dict(k=(k, keys), v=(v, keys), bias=(bias, _pairwise(1)), mask=(mask, _pairwise(1)))
+  query_tile = _rows(tiles.block_q, plan.order)
   outputs = dict(out=(jax.ShapeDtypeStruct((*q.shape[:3], v.shape[3]), q.dtype), query_tile),
-                 lse=(jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32), rows))
-  return _call(_forward_kernel, config, tiles, (q_len // tiles.block_q, batch, heads), inputs,
-               outputs, "pallas_gpu_forward")
+                 lse=(jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32),
+                      _by_head(tiles.block_q, plan.order)))
+  out, lse = _call(_forward_kernel, config, tiles, (q_len // tiles.block_q, batch, heads),
+                   dict(q=(q, query_tile), **common, **plan.main), outputs,
+                   "pallas_gpu_forward", order=plan.order)
+  slices = plan.slices
+  if slices is None:
+    return out, lse
+  count = len(slices.owners)
+  rows = jax.ShapeDtypeStruct((batch, heads, count, tiles.block_q), jnp.float32)
+  m, l, acc = _call(
+      _forward_kernel, config, tiles, (count, batch, heads),
+      dict(q=(q, _rows(None)), **common, **plan.sliced),
+      dict(m=(rows, _part), l=(rows, _part),
+           acc=(jax.ShapeDtypeStruct((*rows.shape, v.shape[3]), jnp.float32), _part)),
+      "pallas_gpu_forward_slices")
+  return _combine(out, lse, m, l, acc, slices)
 
 
 def _backward(config: Config, q, k, v, bias, mask, lengths, out, lse, d_out):
@@ -335,52 +433,82 @@ def _backward(config: Config, q, k, v, bias, mask, lengths, out, lse, d_out):
   tiles of the H / H_kv query heads that share the kv head) and `_dq_kernel` (one program per
   query tile and head, looping over key tiles; with a bias it also writes dS, which is summed
   over the broadcast axes of the bias: this materialises [batch, H, q_len, kv_len] float32).
-  Rows with lse = +∞ (no key seen, or padding) have P = 0 and contribute nothing.
+  Rows with lse = +∞ (no key seen, or padding) have P = 0 and contribute nothing. Each
+  kernel's long rows (a query tile holding global rows in dQ, a key tile holding global
+  tokens in dK / dV) run as slices whose float32 sums are added up here.
   """
   batch, q_len, heads, _ = q.shape
   kv_len, kv_heads = k.shape[1], k.shape[2]
   group = heads // kv_heads
-  tiles = config.backward
   d_out = d_out.astype(q.dtype)
   delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))
-
-  # dQ (and dS): programs (query tile, batch, head), looping over key tiles
-  query_tile = lambda x: pl.BlockSpec((None, tiles.block_q, None, x.shape[-1]),
-                                      lambda i, b, h: (b, i, h, 0))
-  keys = lambda x: pl.BlockSpec((None, kv_len, None, x.shape[3]),
-                                lambda _, b, h: (b, 0, h // group, 0))
-  row_tile = lambda _: pl.BlockSpec((None, None, tiles.block_q), lambda i, b, h: (b, h, i))
-  ds_rows = lambda _: pl.BlockSpec((None, None, tiles.block_q, kv_len),
-                                   lambda i, b, h: (b, h, i, 0))
-  outputs = dict(dq=(jax.ShapeDtypeStruct(q.shape, q.dtype), query_tile))
-  zeros = None
-  if bias is not None:  # dS is written on the visited tiles only: start from zeros
-    zeros = jnp.zeros((batch, heads, q_len, kv_len), jnp.float32)
-    outputs["dbias"] = (jax.ShapeDtypeStruct(zeros.shape, zeros.dtype), ds_rows)
-  dq_and_ds = _call(
-      _dq_kernel, config, tiles, (q_len // tiles.block_q, batch, heads),
-      dict(q=(q, query_tile), do=(d_out, query_tile), lse=(lse, row_tile),
-           delta=(delta, row_tile), k=(k, keys), v=(v, keys), bias=(bias, _pairwise(1)),
-           mask=(mask, _pairwise(1)), zeros=(zeros, ds_rows),
-           **_pattern_inputs(config, tiles, (q_len, kv_len), lengths, False)),
-      outputs, "pallas_gpu_dq", aliases=dict(dbias="zeros") if bias is not None else None)
-  dq, ds = dq_and_ds if bias is not None else (dq_and_ds[0], None)
+  dq, ds = _backward_dq(config, q, k, v, bias, mask, lengths, lse, d_out, delta, group)
 
   # dK, dV: programs (key tile, batch, kv head), looping over the group's query tiles
-  key_tile = lambda x: pl.BlockSpec((None, tiles.block_k, None, x.shape[3]),
-                                    lambda j, b, h: (b, j, h, 0))
-  queries = lambda x: pl.BlockSpec((None, q_len, group, x.shape[3]), lambda _, b, h: (b, 0, h, 0))
-  rows = lambda _: pl.BlockSpec((None, group, q_len), lambda _, b, h: (b, h, 0))
+  tiles = config.tiling.dkv
+  plan = _plan(config, tiles, (q_len, kv_len), lengths, True)
+  common = dict(q=(q, _rows(None, group=group)), do=(d_out, _rows(None, group=group)),
+                lse=(lse, _by_head(None, group=group)),
+                delta=(delta, _by_head(None, group=group)),
+                bias=(bias, _pairwise(group)), mask=(mask, _pairwise(group)))
+  key_tile = _rows(tiles.block_k, plan.order)
   dk, dv = _call(
       _dkv_kernel, config, tiles, (kv_len // tiles.block_k, batch, kv_heads),
-      dict(k=(k, key_tile), v=(v, key_tile), q=(q, queries), do=(d_out, queries),
-           lse=(lse, rows), delta=(delta, rows), bias=(bias, _pairwise(group)),
-           mask=(mask, _pairwise(group)),
-           **_pattern_inputs(config, tiles, (q_len, kv_len), lengths, True)),
+      dict(k=(k, key_tile), v=(v, key_tile), **common, **plan.main),
       dict(dk=(jax.ShapeDtypeStruct(k.shape, k.dtype), key_tile),
-           dv=(jax.ShapeDtypeStruct(v.shape, v.dtype), key_tile)),
-      "pallas_gpu_dkv")
+           dv=(jax.ShapeDtypeStruct(v.shape, v.dtype), key_tile)), "pallas_gpu_dkv",
+      order=plan.order)
+  slices = plan.slices
+  if slices is not None:
+    part = lambda x: jax.ShapeDtypeStruct((batch, kv_heads, len(slices.owners), tiles.block_k,
+                                           x.shape[3]), jnp.float32)
+    dk_parts, dv_parts = _call(
+        _dkv_kernel, config, tiles, (len(slices.owners), batch, kv_heads),
+        dict(k=(k, _rows(None)), v=(v, _rows(None)), **common, **plan.sliced),
+        dict(dk=(part(k), _part), dv=(part(v), _part)), "pallas_gpu_dkv_slices")
+    dk = _replace_tiles(dk, slices.rows, _sum_slices(dk_parts, slices))
+    dv = _replace_tiles(dv, slices.rows, _sum_slices(dv_parts, slices))
   return dq, dk, dv, ds
+
+
+def _backward_dq(config: Config, q, k, v, bias, mask, lengths, lse, d_out, delta, group: int):
+  """dq and dS (float32 [b, H, Lq, Lk] with a bias, else None): programs (query tile, batch,
+  head) looping over key tiles; dS is written on the visited tiles only (it starts from
+  zeros), the slices' call continuing the main call's buffer."""
+  batch, q_len, heads, _ = q.shape
+  kv_len = k.shape[1]
+  tiles = config.tiling.dq
+  plan = _plan(config, tiles, (q_len, kv_len), lengths, False)
+  keys = lambda x: pl.BlockSpec((None, kv_len, None, x.shape[3]),
+                                lambda _, b, h: (b, 0, h // group, 0))
+  ds_rows = lambda x: pl.BlockSpec((None, None, tiles.block_q, kv_len),
+                                   lambda p, b, h: (b, h, plan.order(p), 0))
+  ds_whole = lambda x: pl.BlockSpec((None, None, q_len, kv_len), lambda _, b, h: (b, h, 0, 0))
+  common = dict(k=(k, keys), v=(v, keys), bias=(bias, _pairwise(1)), mask=(mask, _pairwise(1)))
+  held = lambda block: dict(q=(q, _rows(block, plan.order)), do=(d_out, _rows(block, plan.order)),
+                            lse=(lse, _by_head(block, plan.order)),
+                            delta=(delta, _by_head(block, plan.order)))
+  outputs = dict(dq=(jax.ShapeDtypeStruct(q.shape, q.dtype), _rows(tiles.block_q, plan.order)))
+  ds = aliases = None
+  if bias is not None:
+    ds = jnp.zeros((batch, heads, q_len, kv_len), jnp.float32)
+    outputs["dbias"] = (jax.ShapeDtypeStruct(ds.shape, ds.dtype), ds_rows)
+    aliases = dict(dbias="zeros")
+  dq, *ds_out = _call(_dq_kernel, config, tiles, (q_len // tiles.block_q, batch, heads),
+                      dict(**held(tiles.block_q), **common, zeros=(ds, ds_rows), **plan.main),
+                      outputs, "pallas_gpu_dq", aliases, plan.order)
+  ds, slices = (ds_out[0] if ds_out else None), plan.slices
+  if slices is None:
+    return dq, ds
+  outputs = dict(dq=(jax.ShapeDtypeStruct((batch, heads, len(slices.owners), tiles.block_q,
+                                           q.shape[3]), jnp.float32), _part))
+  if ds is not None:
+    outputs["dbias"] = (jax.ShapeDtypeStruct(ds.shape, ds.dtype), ds_whole)
+  dq_parts, *ds_out = _call(_dq_kernel, config, tiles, (len(slices.owners), batch, heads),
+                            dict(**held(None), **common, zeros=(ds, ds_whole), **plan.sliced),
+                            outputs, "pallas_gpu_dq_slices", aliases)
+  return (_replace_tiles(dq, slices.rows, _sum_slices(dq_parts, slices)),
+          ds_out[0] if ds_out else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -429,37 +557,47 @@ def _pad_pairwise(x: Array | None, q_len: int, kv_len: int) -> Array | None:
 
 def pallas_gpu_attention(q: Array, k: Array, v: Array, *, scale: float, bias, mask,
                          visibility: Visibility, block_size: int | None, return_weights: bool,
-                         interpret: bool) -> Array:
-  """The uniform implementation signature (see `research.attention.registry`).
+                         interpret: bool, splits: int | None = None,
+                         tiling: str | Tiling | None = None) -> Array:
+  """The uniform implementation signature (see `research.attention.registry`), and two
+  settings of this kernel's own.
 
   q: [batch, q_len, H, d]; k: [batch, kv_len, H_kv, d]; v: [batch, kv_len, H_kv, d_v];
   bias / mask: None or [batch | 1, H | 1, q_len | 1, kv_len | 1]. Returns
   [batch, q_len, H, d_v] in q's dtype. `interpret`: run Pallas' interpreter
-  (the dispatcher sets it for the CPU branch) instead of the Triton kernels.
+  (the dispatcher sets it for the CPU branch) instead of the Triton kernels. `splits`:
+  slices of each long visit-list row (global rows and columns; `split_visits`), None: √ of
+  its tiles, 1: none (one program walks the row). `tiling`: TILINGS' name, a Tiling, or
+  None ("d128" at head dim 128 in bf16 / f16, else "compact").
 
   Supports H_kv dividing H (query head h reads kv head h // (H / H_kv)); causal, windows,
   global tokens, key lengths, a boolean mask and a bias (gradient for the bias, none for
   the mask or lengths); float32, bfloat16, float16 (products in the input dtype,
   accumulated in float32; float32 products follow `jax.default_matmul_precision`, TF32 by
-  default on a GPU); head dims up to 256. Lengths are padded to the tiles (`_tiles`; padded
-  keys masked, padded queries cut off), head dims to a power of two ≥ 16 with zeros. The
-  forward and backward kernels are `_forward` and `_backward`; `_pattern_inputs` says which
-  tiles they visit.
+  default on a GPU); head dims up to 256. Lengths are padded to the tiles
+  (`gpu_tiles.tiles_for`; padded keys masked, padded queries cut off), head dims to a power
+  of two ≥ 16 with zeros. The forward and backward kernels are `_forward` and `_backward`;
+  `_plan` says which tiles they visit.
   """
   del return_weights  # never asked for: returns_weights=False
   batch, q_len, heads, head_dim = q.shape
   kv_len, d_v = k.shape[1], v.shape[3]
   if max(head_dim, d_v) > MAX_HEAD_DIM:
     raise ValueError(f"pallas_gpu takes head dims up to {MAX_HEAD_DIM}, got {head_dim}, {d_v}")
+  if splits is not None and (not isinstance(splits, int) or isinstance(splits, bool)
+                             or splits < 1):
+    raise ConfigError(f"pallas_gpu: splits must be None (by the row's length) or an int >= 1, "
+                      f"got {splits!r}")
   dtype = jnp.result_type(q.dtype, k.dtype, v.dtype)
-  d_padded, dv_padded = (max(MIN_TILE, _power_of_two(n)) for n in (head_dim, d_v))
+  d_padded, dv_padded = (max(MIN_TILE, power_of_two(n)) for n in (head_dim, d_v))
   nest = None if visibility.sparsity is None else visibility.sparsity.nest
-  forward, backward = _tiles(block_size, d_padded, dtype.itemsize, q_len, kv_len, nest)
-  config = Config(float(scale), visibility._replace(kv_lengths=None), q_len, kv_len, forward,
-                  backward, bool(interpret))
+  tiles = tiles_for(block_size, tiling, max(d_padded, dv_padded), dtype.itemsize, q_len, kv_len,
+                 nest)
+  config = Config(float(scale), visibility._replace(kv_lengths=None), q_len, kv_len, tiles,
+                  splits, bool(interpret))
   round_up = lambda n, blocks: -(-n // max(blocks)) * max(blocks)  # to every tile (powers of 2)
-  lq = round_up(q_len, (forward.block_q, backward.block_q))
-  lk = round_up(kv_len, (forward.block_k, backward.block_k))
+  lq = round_up(q_len, [t.block_q for t in tiles])
+  lk = round_up(kv_len, [t.block_k for t in tiles])
   lengths = visibility.kv_lengths
   if lengths is not None:
     lengths = jnp.minimum(jnp.asarray(lengths), kv_len).astype(jnp.int32)
