@@ -6,7 +6,9 @@ kept (`Checkpoints`; docs/running.md, "What a run survives").
 
 import os
 import pathlib
+import re
 import shutil
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -18,6 +20,7 @@ from research.training import parallel
 from research.training.workdir import unused_path
 
 UNREADABLE_SUFFIX = "_unreadable"
+PARAMS = "params/"              # the parameters' paths in a checkpoint's state
 
 
 class CheckpointSaveError(RunFailed):
@@ -150,27 +153,34 @@ class Checkpoints:
       self.manager.close()
 
 
-def read_params(directory: str, step: int, like_params):
+READ_ADVICE = "read it with the code and config that wrote it"
+
+
+def read_params(directory: str, step: int, like_params, only: re.Pattern | None = None,
+                advice: str = READ_ADVICE):
   """The parameters alone of the checkpoint of `step` in `directory`, read without writing
   anything (nothing set aside: a live run's checkpoints too), placed as like_params'
-  ShapeDtypeStructs say: their shardings, not those of the devices that wrote them.
+  ShapeDtypeStructs say: their shardings and dtypes, not those of the devices that wrote
+  them. With `only`, those whose '/'-joined path ('encoder/kernel') it matches whole are
+  compared and read, the others neither: the tree returned holds those alone.
 
   Raises CheckpointMismatchError naming the first parameter whose path or shape differs
-  from like_params', WorkdirError for a checkpoint that cannot be read.
+  from like_params', then `advice`; WorkdirError for a checkpoint that cannot be read.
   """
   path = pathlib.Path(directory, str(step), "state")
-  like = {"params": like_params}
+  like = {"params": like_params if only is None else _matching(like_params, only)}
   handler = ocp.PyTreeCheckpointHandler()
   try:
     metadata, error = _attempt(handler.metadata, path)
     if metadata is not None:
       saved = _shapes(getattr(metadata, "tree", metadata))
-      difference = first_difference({p: s for p, s in saved.items() if p.startswith("params/")},
-                                    _shapes(like))
+      difference = first_difference(
+          {p: s for p, s in saved.items() if p.startswith(PARAMS)
+           and (only is None or only.fullmatch(p.removeprefix(PARAMS)))}, _shapes(like))
       if difference:
         raise CheckpointMismatchError(
             f"the checkpoint at step {step} in {directory} does not match the model: "
-            f"{difference}; read it with the code and config that wrote it")
+            f"{difference}; {advice}")
       restored, error = _attempt(handler.restore, path, args=ocp.args.PyTreeRestore(
           like, ocp.checkpoint_utils.construct_restore_args(like), partial_restore=True))
   finally:
@@ -179,6 +189,20 @@ def read_params(directory: str, step: int, like_params):
     raise WorkdirError(f"the checkpoint at step {step} in {directory} cannot be read "
                        f"({_first_line(error)})") from error
   return restored["params"]
+
+
+def _matching(params: Mapping, only: re.Pattern, prefix: str = "") -> dict:
+  """The nested dicts of `params` with the leaves whose '/'-joined path `only` matches whole
+  (groups left with none left out)."""
+  kept = {}
+  for name, node in params.items():
+    path = f"{prefix}{name}"
+    if isinstance(node, Mapping):
+      if inner := _matching(node, only, f"{path}/"):
+        kept[name] = inner
+    elif only.fullmatch(path):
+      kept[name] = node
+  return kept
 
 
 def _attempt(read, *args, **kwargs):
@@ -211,7 +235,7 @@ def _key_name(key) -> str:
 
 def first_difference(saved: dict[str, tuple], model: dict[str, tuple]) -> str | None:
   """The first path (parameters before optimizer state) that differs, in words, or None."""
-  paths = sorted(set(saved) | set(model), key=lambda p: (not p.startswith("params/"), p))
+  paths = sorted(set(saved) | set(model), key=lambda p: (not p.startswith(PARAMS), p))
   for path in paths:
     if path not in model:
       return f"{path} {saved[path]} is in the checkpoint but not in the model"

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 
 from research.errors import ConfigError
-from research.training import parallel
+from research.training import parallel, warm_start
 from research.training.metrics import WANDB_MODES, check_profile_steps, check_wandb_installed
 from research.training.parallel import STRATEGIES
 from research.training.train_step import SCHEDULES
@@ -91,6 +91,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.keep_checkpoints = 3
   # "FIRST,LAST": a jax.profiler trace of those steps in <workdir>/profile (metrics.Profiler)
   config.train.profile_steps = ""
+  # A warm start (research/training/warm_start.py): "WORKDIR" or "WORKDIR:STEP" (default: its
+  # latest checkpoint that reads), the other run whose parameters this one starts from; ""
+  # none. Those whose '/'-joined path init_params matches whole are taken, the rest fresh.
+  config.train.init_from = ""
+  config.train.init_params = ".*"
 
   # Several processes (hosts) as one run; see research/training/parallel.py.
   config.distributed = ml_collections.ConfigDict()
@@ -306,8 +311,9 @@ def check_rules(config, rules: dict[str, Rule]) -> None:
       check_int(config, key)
 
 
-# The shared keys' rules (base_config's); config.train.profile_steps, config.distributed and
-# the sizes that must divide each other are checked in code (check_shared_values).
+# The shared keys' rules (base_config's); config.train.profile_steps, init_from and
+# init_params, config.distributed and the sizes that must divide each other are checked in
+# code (check_shared_values).
 SHARED_RULES = {
     **{f"train.{key}": Rule(int, "> 0") for key in (
         "num_steps", "batch_size", "grad_accum_steps", "log_every", "eval_every",
@@ -338,6 +344,7 @@ def check_shared_values(config) -> None:
   check_divides(config, "train.log_every", "train.checkpoint_every")
   check_divides(config, "train.grad_accum_steps", "train.batch_size")
   check_profile_steps(config)
+  warm_start.parse(config.train)
   parallel.check_distributed(config)
   check_numbers(config)
 

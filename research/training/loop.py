@@ -19,10 +19,10 @@ import numpy as np
 
 from research import files
 from research.errors import ConfigError, RunFailed
-from research.training import command, parallel, provenance
-from research.training.command import Interrupted, Stopped
+from research.training import command, parallel, provenance, warm_start
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
+from research.training.command import Interrupted, Stopped
 from research.training.compile import (
   CompiledPerShape,
   CompiledStep,
@@ -182,6 +182,7 @@ def train(config, workdir: str, experiment: Experiment,
                                              provenance.FILE),
                              directories=(CHECKPOINTS, TENSORBOARD, WANDB, PROFILE))
       taking_over = check_config(config, workdir)
+      source = warm_start.find(config, workdir)    # None: no init_from, or the run resumes
       if on_start is not None:
         lease.on_start(on_start)
       if taking_over and jax.process_index() == 0:
@@ -189,14 +190,18 @@ def train(config, workdir: str, experiment: Experiment,
 
       # ---- Workload and the steps compiled from shapes (refusals before anything runs) -------
       strategy = parallel.make_strategy(train.parallelism)
-      steps = Steps(config, experiment, strategy)
+      steps, taken = Steps(config, experiment, strategy), None
       if experiment.generates_data is not None and experiment.generates_data(config):
         largest = experiment.build_shapes(config)  # the largest step, before making the data
+        if source is not None:                     # a warm start's refusals before it too
+          taken = warm_start.read(source, largest.init, steps.keys[0], strategy.state_sharding)
         steps.build(largest).train(next(own_rows(largest.train_data)))
         steps.traces = 0
       workload = experiment.build(config)
       own_rows(workload.train_data)
       steps.build(workload)
+      if source is not None and taken is None:     # before anything compiles
+        taken = warm_start.read(source, workload.init, steps.keys[0], strategy.state_sharding)
       host_batch = next(workload.train_data)
       steps.train(host_batch)
       steps.eval.compile(workload.eval_data[0])
@@ -207,7 +212,7 @@ def train(config, workdir: str, experiment: Experiment,
       state = jax.jit(lambda rng: init_state(workload, steps.optimizer, rng),
                       out_shardings=strategy.state_sharding)(steps.keys[0])
 
-      # ---- Resume -------------------------------------------------------------------------
+      # ---- Resume, or a warm start ----------------------------------------------------------
       checkpoints = Checkpoints(os.path.join(workdir, CHECKPOINTS), train.keep_checkpoints)
       start, unlogged, restored = 0, [], checkpoints.restore_latest(state)
       if restored is not None:
@@ -216,8 +221,13 @@ def train(config, workdir: str, experiment: Experiment,
         host_batch = next(workload.train_data)
         if jax.process_index() == 0:
           print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
-      with _writing(workdir):
-        provenance.record(workdir, start)      # the code, versions, devices and command of this start
+      elif train.init_from:
+        if taken is None:                     # its own checkpoints were there, none of them read
+          taken = warm_start.read(warm_start.find(config, workdir), workload.init, steps.keys[0],
+                                  strategy.state_sharding)
+        state = warm_start.started(state, taken, steps.optimizer, strategy.state_sharding)
+      with _writing(workdir):                 # the code, versions, devices and command of this start
+        provenance.record(workdir, start, taken and taken.record)
       hyperparameters = flatten(json.loads(config.to_json_best_effort()))
       wandb_run.start(hyperparameters, resumed=restored is not None)
       writer = MetricsWriter(workdir, resume_step=start, config=hyperparameters, wandb_run=wandb_run)
@@ -229,6 +239,9 @@ def train(config, workdir: str, experiment: Experiment,
       with (_closing(checkpoints, progress, writer), _stop_signals() as stop,
             Profiler(train.profile_steps, workdir) as profiler):
         try:
+          if taken is not None:               # a warm start's parameters, at step 0
+            writer.write(0, evaluate_batches(steps.eval, strategy, state.params,
+                                             workload.eval_data))
           for step in range(start + 1, train.num_steps + 1):
             with profiler.step(step):
               if step > start + 1:

@@ -94,9 +94,10 @@ class MetricsWriter:
   metrics.jsonl is append-only and reads as one history in step order: a run resumed
   from the checkpoint of step `resume_step` first moves the records after that step
   (written before a crash or kill) to `metrics.after_step_<resume_step>[.n].jsonl`, then
-  cuts them off the end of metrics.jsonl, whose earlier bytes stay as they were.
-  TensorBoard is told to purge its events after `resume_step` likewise (from step 1 on
-  for a run that starts from nothing: an earlier attempt's, which saved no checkpoint).
+  cuts them off the end of metrics.jsonl, whose earlier bytes stay as they were; a run
+  that starts from nothing (resume_step 0) moves every record, a warm start's evaluation at
+  step 0 too (an earlier attempt's, which saved no checkpoint). TensorBoard is told to
+  purge its events after `resume_step` likewise (every step for a start from nothing).
 
   `config`, the flattened config ({"train.learning_rate": 0.001, ...}), is recorded in
   TensorBoard as a table `config` (key, JSON value) at the first step this session trains,
@@ -112,14 +113,15 @@ class MetricsWriter:
     self.history = self._resume(resume_step)
     self.tensorboard = EventWriter(
         os.path.join(workdir, TENSORBOARD),
-        purge_step=resume_step + 1) if self.enabled else None
+        purge_step=resume_step + 1 if resume_step else 0) if self.enabled else None
     if self.enabled and config:
       self.tensorboard.table(resume_step + 1, CONFIG_TABLE,
                              [[key, json.dumps(value)] for key, value in config.items()])
     self.wandb_run = wandb_run
 
   def _resume(self, step: int) -> list[dict]:
-    """The records up to `step`; later ones (and a torn last line) move to their own file."""
+    """The records up to `step` (none for step 0); later ones (and a torn last line) move to
+    their own file."""
     if not os.path.exists(self.path):
       return []
     with open(self.path, "rb") as f:
@@ -127,7 +129,7 @@ class MetricsWriter:
     history, offset = [], 0
     for line in lines:
       record = parse_record(line)
-      if record is None or record["step"] > step:
+      if record is None or record["step"] > step or step == 0:
         break
       history.append(record)
       offset += len(line)

@@ -1,7 +1,8 @@
 """Where a run came from: provenance.jsonl in its workdir, one JSON line per start or resume
-(its step, command, checkout, versions and devices: `current`), which
-`research.training.restore` returns, warning when today's versions or devices differ from the
-last start's (`differences`); docs/trained_runs.md, "Where a run came from".
+(its step, command, checkout, versions and devices: `current`; where a warm start's
+parameters came from: `record`), which `research.training.restore` returns, warning when
+today's versions or devices differ from the last start's (`differences`);
+docs/trained_runs.md, "Where a run came from".
 """
 
 import datetime
@@ -105,12 +106,16 @@ def read(workdir: str) -> list[dict]:
   return records
 
 
-def record(workdir: str, step: int) -> None:
-  """Appends `current(step)` to the workdir's provenance.jsonl: process 0 rewrites the file
-  whole, its earlier lines as they were."""
+def record(workdir: str, step: int, init_from: dict | None = None) -> None:
+  """Appends `current(step)` to the workdir's provenance.jsonl, with "init_from" for a warm
+  start (where its parameters came from: {"workdir": the other run's, absolute, "step": its
+  checkpoint's, "params_taken": how many parameter arrays of "params_total" the model has};
+  research/training/warm_start.py): process 0 rewrites the file whole, its earlier lines as
+  they were."""
   if jax.process_index() != 0:
     return
-  lines = [*_lines(workdir), json.dumps(current(step))]
+  line = current(step) | ({"init_from": init_from} if init_from else {})
+  lines = [*_lines(workdir), json.dumps(line)]
   files.write_text(os.path.join(workdir, FILE), "\n".join(lines) + "\n")
 
 

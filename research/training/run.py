@@ -158,11 +158,12 @@ def restore(workdir: str | os.PathLike, step: int | None = None) -> Run:
              model, params, extras, read_history(workdir), records)
 
 
-def read_readable(directory: str, steps: list[int], step: int | None, like
+def read_readable(directory: str, steps: list[int], step: int | None, like, **options
                   ) -> tuple[int, Any, list[int]]:
   """(the step read, its parameters, the steps found unreadable) of the checkpoints of
   `steps` in `directory`: the checkpoint of `step`, or for None the latest that reads, as
-  training falls back (checkpoints.Checkpoints.restore_latest) but moving nothing aside.
+  training falls back (checkpoints.Checkpoints.restore_latest) but moving nothing aside;
+  `options`: read_params' (`only` some parameters, the `advice` of a mismatch).
 
   Warns (UnreadableCheckpointWarning, one line) naming each unreadable checkpoint passed over
   and the step used; WorkdirError where none reads, or where the checkpoint of `step` does
@@ -170,9 +171,10 @@ def read_readable(directory: str, steps: list[int], step: int | None, like
   """
   if step is not None:
     try:
-      return step, read_params(directory, step, like), []
+      return step, read_params(directory, step, like, **options), []
     except WorkdirError as error:
-      readable = [s for s in reversed(steps) if s != step and _reads(directory, s, like)]
+      readable = [s for s in reversed(steps)
+                  if s != step and _reads(directory, s, like, **options)]
       raise WorkdirError(f"{error}; " + (f"the checkpoints there that read: step"
                                          f"{'s' * (len(readable) > 1)} "
                                          f"{', '.join(map(str, readable))}" if readable else
@@ -180,7 +182,7 @@ def read_readable(directory: str, steps: list[int], step: int | None, like
   failures = []
   for candidate in reversed(steps):
     try:
-      params = read_params(directory, candidate, like)
+      params = read_params(directory, candidate, like, **options)
     except WorkdirError as error:
       failures.append(str(error))
       continue
@@ -191,10 +193,10 @@ def read_readable(directory: str, steps: list[int], step: int | None, like
   raise WorkdirError(f"no checkpoint of {directory} reads: {'; '.join(failures)}")
 
 
-def _reads(directory: str, step: int, like) -> bool:
-  """Whether the checkpoint of `step` reads into `like`."""
+def _reads(directory: str, step: int, like, **options) -> bool:
+  """Whether the checkpoint of `step` reads into `like` (read_params' `options`)."""
   try:
-    read_params(directory, step, like)
+    read_params(directory, step, like, **options)
   except (WorkdirError, CheckpointMismatchError):
     return False
   return True
