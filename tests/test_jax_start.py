@@ -94,8 +94,7 @@ def test_the_notices_are_expected_only_where_no_gpu_is_visible(tmp_path):
 SHOWS_DEVICES = "import jax; print(jax.devices()); print(jax.numpy.arange(3).sum())"
 # The project's entry points, each as a user starts it (python3 project.py test: pytest).
 ENTRY_POINTS = {
-    "training": ["-c", f"import research.training; {SHOWS_DEVICES}"],
-    "predict": ["-c", f"from research import predict; {SHOWS_DEVICES}"],
+    "research": ["-c", f"import research.training, research.predict; {SHOWS_DEVICES}"],
     "notebook": ["-c", "import sys; sys.path.insert(0, 'notebooks'); import colab; "   # cells 1, 2
                  "import matplotlib.pyplot; from research.training import apply_overrides; "
                  f"{SHOWS_DEVICES}"],
