@@ -175,13 +175,14 @@ def _encode_documents(config, inputs) -> LRAInputs:
   documents = [_pair(given, f"inputs[{index}]") if pairs
                else [_review(given, f"inputs[{index}]")]
                for index, given in enumerate(inputs)]
-  tokens = np.zeros((len(documents), len(documents[0]), longest), np.uint16)
+  kept = min(longest, aan.LRA_TEXT_CUT) if pairs else longest     # bytes read of a document
+  most = max(min(len(text), kept) for texts in documents for text in texts)
+  width = min(longest, -(-most // BUCKET_MULTIPLE) * BUCKET_MULTIPLE)
+  tokens = np.zeros((len(documents), len(documents[0]), width), np.int32)
   lengths = np.zeros(tokens.shape[:2], np.int32)
   for row, texts in enumerate(documents):
     for column, text in enumerate(texts):
-      lengths[row, column] = byte_text.encode_into(tokens[row, column, :aan.LRA_TEXT_CUT], text)
-  width = min(longest, -(-int(lengths.max()) // BUCKET_MULTIPLE) * BUCKET_MULTIPLE)
-  tokens = tokens[..., :width].astype(np.int32)
+      lengths[row, column] = byte_text.encode_into(tokens[row, column, :kept], text)
   return LRAInputs(tokens, lengths) if pairs else LRAInputs(tokens[:, 0], lengths[:, 0])
 
 
