@@ -124,12 +124,15 @@ def start_quietly() -> None:
     # JAX imported here, its plugins' logs held back (no public call registers the plugins)
     from jax._src import xla_bridge  # noqa: PLC0415
 
+    # What the backends' start does first (JAX 0.10.2's; a JAX without it: that start logs)
+    register = getattr(xla_bridge, "_discover_and_register_pjrt_plugins", None)
     if not xla_bridge.backends_are_initialized():     # else nothing is left that logs
       cpu_unless_accelerators()
       logger = logging.getLogger(xla_bridge.__name__)
       logger.addFilter(plugin_errors)
       try:
-        xla_bridge._discover_and_register_pjrt_plugins()  # what the backends' start does first
+        if register:
+          register()
       finally:
         logger.removeFilter(plugin_errors)
   sys.stderr.write(without_cuda_notices(held.text))
