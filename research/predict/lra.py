@@ -1,12 +1,7 @@
-"""lra: a restored run classifies new input of its task, with each layer's attention: reviews
-(Text), pairs of papers (Retrieval), pictures (Image) or Pathfinder images, read as the
-experiment's data pipeline reads its files (ListOps, LRA's fifth task: predict/listops.py).
-
-  run = training.restore("runs/pathfinder_cpu/model.attention=full")   # one point of a sweep
-  images, _ = research.data.pathfinder.generate(seed=7, count=4, resolution=32, difficulty="easy")
-  result = predict.classify_lra(run, images)
-  result.classes, result.probabilities   # ["connected", "apart", …], [4, 2]
-  result.attention[0][1]                 # layer 0, the second image: [heads, 1024, 1024]
+"""lra: a restored run classifies new input of its task (Text reviews, Retrieval pairs,
+Image pictures, Pathfinder images), read as the experiment's readers read their files, with
+each layer's attention; `classify_lra(training.restore(workdir), inputs)` (docs/trained_runs.md
+has an example; ListOps, LRA's fifth task: predict/listops.py).
 """
 
 import functools
