@@ -4,7 +4,9 @@
     python benchmarks/attention.py --lengths 2048 --repeats 5
 
 On a GPU it prints the bf16 table of `attention_gpu.py` (our kernels, cuDNN, torch SDPA,
-tokamax); elsewhere the float32 CPU table below.
+tokamax; `--gpu_shapes`, `--patterns`, `--candidates`, `--variants` choose its rows, and
+`--rehearse` runs that table's code on a CPU at tiny shapes); elsewhere the float32 CPU
+table below.
 
 For q, k, v of shape [B, L, H=8, d=64] and a random output cotangent, times the
 gradient with respect to q, k and v of causal attention computed by
@@ -141,6 +143,21 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                       help="seconds idle before each call")
   parser.add_argument("--inner", type=cli.positive_int, default=10,
                       help="steps per timed call (GPU)")
+  parser.add_argument("--gpu_shapes", type=cli.names_of(map(str, attention_gpu.SHAPES)),
+                      default=",".join(map(str, attention_gpu.SHAPES)),
+                      help="GPU table: comma list of L, each its shape (default: %(default)s)")
+  parser.add_argument("--patterns", type=cli.names_of(attention_gpu.PATTERN_NAMES),
+                      default=",".join(attention_gpu.PATTERN_NAMES),
+                      help="GPU table: comma list of patterns (default: %(default)s)")
+  parser.add_argument("--candidates", type=cli.names_of(attention_gpu.CANDIDATES),
+                      default=",".join(attention_gpu.CANDIDATES),
+                      help="GPU table: comma list of what is timed (default: %(default)s)")
+  parser.add_argument("--variants", type=cli.names_of(attention_gpu.VARIANTS, allow_empty=True,
+                                                      every="all"), default="",
+                      help="GPU table: our Triton kernel's other settings timed beside it, "
+                           "or all (default: none)")
+  parser.add_argument("--rehearse", action="store_true",
+                      help="run the GPU table's code here at tiny shapes (no measurement)")
   return cli.parse(parser, argv, check_memory)
 
 
@@ -154,7 +171,8 @@ def check_memory(parser: cli.Parser, args: argparse.Namespace) -> None:
 
 def main():
   args = parse_arguments()
-  if jax.default_backend() == "gpu":
+  if jax.default_backend() == "gpu" or args.rehearse:
+    args.gpu_shapes = [int(length) for length in args.gpu_shapes]
     attention_gpu.main(args)
     return
   import torch  # pylint: disable=import-outside-toplevel

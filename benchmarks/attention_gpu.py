@@ -1,14 +1,19 @@
 """The GPU table of `benchmarks/attention.py`: bf16 causal self-attention, forward + backward.
 
-At (B, L, H, d) = (4, 2048, 8, 64), (4, 8192, 8, 64) and (1, 32768, 8, 128), for four
-patterns (full causal; causal window 256; causal window 256 + 16 global tokens at positions
-0 … 15; causal BigBird: blocks of 64, a window of 3 blocks, 2 global and 3 random blocks,
-LRA's setting), times the gradient with respect to q, k and v of
+At (B, L, H, d) = (4, 2048, 8, 64), (4, 8192, 8, 64) and (1, 32768, 8, 128) (`--gpu_shapes`
+by L), for four patterns (`--patterns`: causal, full causal; window, causal window 256;
+global, causal window 256 + 16 global tokens at positions 0 … 15; bigbird, causal BigBird:
+blocks of 64, a window of 3 blocks, 2 global and 3 random blocks, LRA's setting), times the
+gradient with respect to q, k and v of (`--candidates`: auto, pallas_gpu, cudnn, chunked,
+banded, xla, jax_cudnn, torch, tokamax)
 
   ours auto / pallas_gpu / cudnn / chunked / banded   research.attention.dot_product_attention
   jax.nn xla / cudnn                                   jax.nn.dot_product_attention (no global tokens)
   torch SDPA                                           full causal only (its window needs a dense mask)
   tokamax                                              tokamax.dot_product_attention, if installed
+  ours pallas_gpu VARIANT                              our Triton kernel with other settings
+                                                       (`--variants`, VARIANTS): its long rows
+                                                       not split, other tilings at d = 128
 
 interleaved round-robin in one process (each timed call runs up to `--inner` steps, fewer
 for a slow candidate so that a call lasts about 50 ms, then waits for the device; the
@@ -18,7 +23,12 @@ the visible work (14 · pairs · d · B · H: 4 in the forward, 10 in the backwa
 to jax.nn cudnn's window of the same shape (window rows). The last lines check the goals:
 auto within 1.1× the faster of cuDNN and SDPA (causal), within 1.25× cuDNN's window
 (window rows), and our Triton kernel with global tokens or BigBird at 50% or more of
-cuDNN's dense causal TFLOP/s at the same shape.
+cuDNN's dense causal TFLOP/s at the same shape, and our Triton kernel (each variant) at d =
+128, dense causal, at 60% or more of cuDNN's.
+
+`--rehearse` runs this table's code on a CPU at tiny shapes (REHEARSAL_SHAPES), our Pallas
+kernel interpreted and the GPU-only peers (cuDNN, torch on CUDA, tokamax) left out: a check
+that a GPU call will not stop on a typo, no measurement.
 """
 
 import concurrent.futures
@@ -32,9 +42,12 @@ from timing import median_ms
 
 from research.attention import dot_product_attention, registry
 from research.attention.block_sparse import BigBird
+from research.attention.kernels import pallas_gpu
+from research.attention.kernels.gpu_tiles import Tiles, Tiling
 from research.attention.masks import Visibility
 
-SHAPES = ((4, 2048, 8, 64), (4, 8192, 8, 64), (1, 32768, 8, 128))
+SHAPES = {2048: (4, 2048, 8, 64), 8192: (4, 8192, 8, 64), 32768: (1, 32768, 8, 128)}
+REHEARSAL_SHAPES = {2048: (1, 128, 2, 64), 8192: (1, 256, 2, 64), 32768: (1, 256, 1, 128)}
 WINDOW, NUM_GLOBAL = 256, 16
 PATTERNS = {
     "causal": dict(is_causal=True),
@@ -44,27 +57,63 @@ PATTERNS = {
     "BigBird": dict(is_causal=True, sparsity=BigBird(block=64, window=3, global_blocks=2,
                                                      random_blocks=3)),
 }
+PATTERN_NAMES = dict(zip(("causal", "window", "global", "bigbird"), PATTERNS))  # --patterns
+CANDIDATES = ("auto", "pallas_gpu", "cudnn", "chunked", "banded", "xla", "jax_cudnn", "torch",
+              "tokamax")
+GPU_ONLY = ("cudnn", "jax_cudnn", "torch", "tokamax")
+# Our Triton kernel with other settings, beside its default (`--variants`): {name: (its
+# pallas_gpu_attention settings, the patterns it is timed on, the head dims)}. "splits=1":
+# every long row one program (the kernel before issue 49); "compact": the tiling before
+# issue 49 at d = 128; the rest: d = 128 tilings beside "d128" (forward, dQ, dK / dV tiles).
+GLOBAL_PATTERNS = ("window 256 + 16 global", "BigBird")
+VARIANTS = {
+    "splits=1": (dict(splits=1), GLOBAL_PATTERNS, (64, 128)),
+    "compact": (dict(tiling="compact"), tuple(PATTERNS), (128,)),
+    "fwd 128x128": (dict(tiling=Tiling(Tiles(128, 128, 8, 2), Tiles(128, 32, 8, 2),
+                                       Tiles(32, 128, 8, 2))), ("causal",), (128,)),
+    "bwd 64": (dict(tiling=Tiling(Tiles(128, 64, 8, 3), Tiles(128, 64, 8, 2),
+                                  Tiles(64, 128, 8, 2))), ("causal",), (128,)),
+    "bwd 3 stages": (dict(tiling=Tiling(Tiles(128, 64, 8, 3), Tiles(128, 32, 8, 3),
+                                        Tiles(32, 128, 8, 3))), ("causal",), (128,)),
+}
 XLA_LIMIT_BYTES = 8 * 2**30        # jax.nn xla materialises [B, H, L, L] logits in float32
 
 
 def visible_pairs(length: int, pattern: dict) -> int:
   """How many (query, key) pairs the pattern shows, counted block by block of 512 rows."""
-  sparsity = pattern.get("sparsity")
-  if sparsity is not None:
-    sparsity = sparsity.bind(length, length, pattern["is_causal"])
-  visibility = Visibility.make(pattern["is_causal"], pattern.get("window"),
-                               global_tokens=pattern.get("global_tokens", ()), sparsity=sparsity)
+  visibility = _visibility(length, pattern)
   pairs = 0
   for start in range(0, length, 512):
     pairs += int(np.asarray(visibility.dense(min(512, length - start), length, q_start=start)).sum())
   return pairs
 
 
-def candidates(shape, pattern_name: str) -> dict:
-  """name -> attention(q, k, v) for one shape and pattern."""
-  batch, length, heads, _ = shape
+def _visibility(length: int, pattern: dict) -> Visibility:
+  sparsity = pattern.get("sparsity")
+  if sparsity is not None:
+    sparsity = sparsity.bind(length, length, pattern["is_causal"])
+  return Visibility.make(pattern["is_causal"], pattern.get("window"),
+                         global_tokens=pattern.get("global_tokens", ()), sparsity=sparsity)
+
+
+def variant(shape, pattern: dict, settings: dict, interpret: bool):
+  """attention(q, k, v) of our Triton kernel called directly with `settings`."""
+  visibility = _visibility(shape[1], pattern)
+  return lambda q, k, v: pallas_gpu.pallas_gpu_attention(
+      q, k, v, scale=shape[3] ** -0.5, bias=None, mask=None, visibility=visibility,
+      block_size=None, return_weights=False, interpret=interpret, **settings)
+
+
+def candidates(shape, pattern_name: str, chosen=CANDIDATES, variants=(), gpu: bool = True
+               ) -> dict:
+  """name -> attention(q, k, v) for one shape and pattern: the `chosen` candidates (on a
+  CPU, `gpu` False, those that run there) and our kernel's `variants` that apply."""
+  batch, length, heads, head_dim = shape
   pattern = PATTERNS[pattern_name]
-  found = {"ours auto": functools.partial(dot_product_attention, **pattern)}
+  chosen = [c for c in chosen if gpu or c not in GPU_ONLY]
+  found = {}
+  if "auto" in chosen:
+    found["ours auto"] = functools.partial(dot_product_attention, **pattern)
   q = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
   sparsity = pattern.get("sparsity")
   request = registry.Request.of(
@@ -72,22 +121,28 @@ def candidates(shape, pattern_name: str) -> dict:
       global_tokens=pattern.get("global_tokens"),
       sparsity=None if sparsity is None else sparsity.bind(length, length, True))._replace(platform="gpu")
   for name in ("pallas_gpu", "cudnn", "chunked", "banded"):
-    if not registry.get(name).unsupported(request):
+    if name in chosen and not registry.get(name).unsupported(request):
       found[f"ours {name}"] = functools.partial(dot_product_attention, implementation=name,
                                                 **pattern)
+  for name in variants:
+    settings, patterns, head_dims = VARIANTS[name]
+    if pattern_name in patterns and head_dim in head_dims:
+      found[f"ours pallas_gpu {name}"] = variant(shape, pattern, settings, not gpu)
   if "global_tokens" not in pattern and "sparsity" not in pattern:
     window = None if "window" not in pattern else (WINDOW, 0)
-    if 4 * batch * heads * length * length <= XLA_LIMIT_BYTES:
+    if "xla" in chosen and 4 * batch * heads * length * length <= XLA_LIMIT_BYTES:
       found["jax.nn xla"] = lambda q, k, v: jax.nn.dot_product_attention(
           q, k, v, is_causal=True, local_window_size=window, implementation="xla")
-    found["jax.nn cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, local_window_size=window, implementation="cudnn")
+    if "jax_cudnn" in chosen:
+      found["jax.nn cudnn"] = lambda q, k, v: jax.nn.dot_product_attention(
+          q, k, v, is_causal=True, local_window_size=window, implementation="cudnn")
+  if "tokamax" not in chosen or pattern_name != "causal":
+    return found
   try:
     import tokamax  # noqa: PLC0415 - optional peer
   except ImportError:
     return found
-  if pattern_name == "causal":
-    found["tokamax"] = lambda q, k, v: tokamax.dot_product_attention(q, k, v, is_causal=True)
+  found["tokamax"] = lambda q, k, v: tokamax.dot_product_attention(q, k, v, is_causal=True)
   return found
 
 
@@ -148,37 +203,53 @@ def goals(ms: dict, tflops: dict) -> list[str]:
                    f"({'meets' if ratio <= 1.25 else 'misses'} the goal of 1.25)")
   for (shape, pattern, name), rate in tflops.items():
     dense = tflops.get((shape, "causal", "jax.nn cudnn"))
-    if name == "ours pallas_gpu" and pattern in ("window 256 + 16 global", "BigBird") and dense:
-      share = rate / dense
-      lines.append(f"{shape} {pattern}: pallas_gpu at {share:.0%} of jax.nn cudnn's dense "
+    if not name.startswith("ours pallas_gpu") or not dense:
+      continue
+    share, kernel = rate / dense, name.removeprefix("ours ")
+    if pattern in GLOBAL_PATTERNS:
+      lines.append(f"{shape} {pattern}: {kernel} at {share:.0%} of jax.nn cudnn's dense "
                    f"causal TFLOP/s ({'meets' if share >= 0.5 else 'misses'} the goal of 50%)")
+    if pattern == "causal" and shape[3] == 128:
+      lines.append(f"{shape} causal: {kernel} at {share:.0%} of jax.nn cudnn's TFLOP/s "
+                   f"({'meets' if share >= 0.6 else 'misses'} the goal of 60%)")
   return lines
+
+
+def inputs(shape) -> list:
+  """q, k, v and the output cotangent, standard normal in bfloat16."""
+  rng = np.random.default_rng(0)
+  return [jnp.asarray(rng.standard_normal(shape, dtype=np.float32), jnp.bfloat16)
+          for _ in range(4)]
 
 
 def main(args):
   import torch  # noqa: PLC0415
+  gpu = not args.rehearse
+  shapes = [(SHAPES if gpu else REHEARSAL_SHAPES)[length] for length in args.gpu_shapes]
+  patterns = [PATTERN_NAMES[name] for name in args.patterns]
   print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch {torch.__version__}; "
         f"bf16 causal self-attention fwd+bwd; medians of {args.repeats} interleaved rounds "
-        f"of up to {args.inner} steps (the steps column)\n")
+        f"of up to {args.inner} steps (the steps column)"
+        + ("" if gpu else "; a rehearsal on a CPU: tiny shapes, our Pallas kernel "
+           "interpreted, no GPU-only peer") + "\n")
   print("| B, L, H, d | pattern | implementation | ms | TFLOP/s | / torch | / jax.nn cudnn | steps |")
   print("|---|---|---|---|---|---|---|---|")
   all_ms, all_tflops = {}, {}
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
-    for shape in SHAPES:
+    for shape in shapes:
       batch, length, heads, d = shape
-      rng = np.random.default_rng(0)
-      arrays = [jnp.asarray(rng.standard_normal(shape, dtype=np.float32), jnp.bfloat16)
-                for _ in range(4)]
+      arrays = inputs(shape)
       lowered = {(pattern_name, name): lowered_step(attention, *arrays)
-                 for pattern_name in PATTERNS
-                 for name, attention in candidates(shape, pattern_name).items()}
+                 for pattern_name in patterns
+                 for name, attention in candidates(shape, pattern_name, args.candidates,
+                                                   args.variants, gpu).items()}
       compiled = dict(zip(lowered, pool.map(lambda step: step.compile(), lowered.values())))
-      for pattern_name in PATTERNS:
+      for pattern_name in patterns:
         steps, inner = {}, {}
         for (pattern, name), step in compiled.items():
           if pattern == pattern_name:
             steps[name], inner[name] = timed_step(step, arrays, args.inner)
-        if pattern_name == "causal":
+        if pattern_name == "causal" and gpu and "torch" in args.candidates:
           steps["torch SDPA"], inner["torch SDPA"] = torch_step(arrays, args.inner), args.inner
         ms = {name: t / inner[name] for name, t in median_ms(steps, args.repeats, 0.0).items()}
         flop = 14 * visible_pairs(length, PATTERNS[pattern_name]) * d * batch * heads

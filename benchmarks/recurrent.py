@@ -140,10 +140,10 @@ LINEAR_GOALS = {"LRU": (2.0, None), "S5": (2.0, None), "Mamba": (3.0, 4096),
                 "Mamba-2": (3.0, 4096), "GLA": (3.0, 4096), "DeltaNet": (3.0, 4096)}
 
 
-def linear_rows(width: int, states: int) -> dict[str, nn.Module]:
-  """{"LRU parallel": module, "LRU stepwise": …, …, "GRU": …}: every timed row."""
-  rows = {f"{name} {mode}": make(width, states, mode)
-          for name, make in LINEAR_LAYERS.items() for mode in MODES}
+def linear_rows(width: int, states: int, layers=LINEAR_LAYERS) -> dict[str, nn.Module]:
+  """{"LRU parallel": module, "LRU stepwise": …, …, "GRU": …}: every timed row of `layers`."""
+  rows = {f"{name} {mode}": LINEAR_LAYERS[name](width, states, mode)
+          for name in layers for mode in MODES}
   return {**rows, "GRU": recurrent.GRU(hidden_size=width)}
 
 
@@ -240,8 +240,13 @@ def optional_peer(fns: dict, notes: dict, name: str, build):
     notes[name] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
 
 
-def peers(shape: str, cell: str, dtype: str, backend: str, device: torch.device):
-  """({peer: fn}, {peer: reason not run}) for one table row; "ours" first."""
+PEERS = ("torch", "jax_rnn", "flax")   # --peers: torch's RNN modules, jax.experimental.rnn, flax
+
+
+def peers(shape: str, cell: str, dtype: str, backend: str, device: torch.device,
+          chosen=PEERS):
+  """({peer: fn}, {peer: reason not run}) for one table row; "ours" first, then the
+  `chosen` kinds of peer."""
   b, t, d, h, layers, bidirectional = SHAPES[shape]
   ours, torch_cls, flax_cells = CELLS[cell]
   jax_dtype, torch_dtype = DTYPES[dtype]
@@ -254,12 +259,13 @@ def peers(shape: str, cell: str, dtype: str, backend: str, device: torch.device)
   fns["ours"] = jax_step(ours(hidden_size=h, num_layers=layers, bidirectional=bidirectional,
                               dtype=jax_dtype), jx, jcotangent)
   torch_name = "torch cuDNN" if device.type == "cuda" else "torch"
-  fns[torch_name] = torch_step(torch_cls(d, h, num_layers=layers, bidirectional=bidirectional,
-                                         batch_first=True), x, cotangent, device, torch_dtype)
-  if backend == "gpu" and cell == "lstm":
+  if "torch" in chosen:
+    fns[torch_name] = torch_step(torch_cls(d, h, num_layers=layers, bidirectional=bidirectional,
+                                           batch_first=True), x, cotangent, device, torch_dtype)
+  if backend == "gpu" and cell == "lstm" and "jax_rnn" in chosen:
     optional_peer(fns, notes, "jax.experimental.rnn",
                   lambda: jax_cudnn_lstm_step(layers, bidirectional, jx, jcotangent, h))
-  for name, flax_cell in flax_cells.items():
+  for name, flax_cell in flax_cells.items() if "flax" in chosen else ():
     stack = FlaxStack(flax_cell, h, layers, bidirectional, jax_dtype)
     optional_peer(fns, notes, name, lambda stack=stack: jax_step(stack, jx, jcotangent))
   return fns, notes
@@ -289,7 +295,7 @@ def cells_section(args, backend: str, device: torch.device):
     shape_text = f"{b},{t},{d},{h},{layers},{'yes' if bidirectional else 'no'}"
     for cell in args.cells:
       for dtype in args.dtypes:
-        fns, notes = peers(shape, cell, dtype, backend, device)
+        fns, notes = peers(shape, cell, dtype, backend, device, args.peers)
         ms = median_ms(fns, args.repeats, args.pause)
         row = f"| {shape_text} | {cell} | {dtype} | {ms['ours']:.2f} |"
         for peer in list(fns)[1:] + list(notes):
@@ -313,7 +319,7 @@ def cells_section(args, backend: str, device: torch.device):
 
 
 def linear_timings(shape: tuple[int, int, int], lengths: list[int], repeats: int,
-                   pause: float) -> dict[str, dict[int, float]]:
+                   pause: float, layers=LINEAR_LAYERS) -> dict[str, dict[int, float]]:
   """Prints the CPU table; returns {layer: {T: stepwise / parallel}}."""
   batch, width, states = shape
   print(f"{jax.default_backend()} ({jax.devices()[0].device_kind}, {os.cpu_count()} cores): "
@@ -322,14 +328,15 @@ def linear_timings(shape: tuple[int, int, int], lengths: list[int], repeats: int
   print("| T | layer | parallel ms | stepwise ms | stepwise / parallel | GRU ms | "
         "GRU / parallel |")
   print("|---|---|---|---|---|---|---|")
-  ratios = {name: {} for name in LINEAR_LAYERS}
+  ratios = {name: {} for name in layers}
   for steps in lengths:
     rng = np.random.default_rng(0)
     x, cotangent = (jnp.asarray(rng.standard_normal((batch, steps, width), dtype=np.float32))
                     for _ in range(2))
-    fns = {row: jax_step(model, x, cotangent) for row, model in linear_rows(width, states).items()}
+    fns = {row: jax_step(model, x, cotangent)
+           for row, model in linear_rows(width, states, layers).items()}
     ms = median_ms(fns, repeats, pause)
-    for layer in LINEAR_LAYERS:
+    for layer in layers:
       parallel, stepwise = ms[f"{layer} parallel"], ms[f"{layer} stepwise"]
       ratios[layer][steps] = stepwise / parallel
       print(f"| {steps} | {layer} | {parallel:.1f} | {stepwise:.1f} | {stepwise / parallel:.2f} | "
@@ -366,9 +373,12 @@ def linear_compiled(shape: tuple[int, int, int], lengths: list[int], target_name
 def linear_section(args) -> None:
   """The linear recurrences, parallel against stepwise, and our GRU (module docstring)."""
   shape, lengths = args.linear_shape, args.lengths
-  ratios = linear_timings(shape, lengths, args.linear_repeats, args.linear_pause)
+  ratios = linear_timings(shape, lengths, args.linear_repeats, args.linear_pause,
+                         args.linear_layers)
   print()
   for layer, (goal, steps) in LINEAR_GOALS.items():
+    if layer not in args.linear_layers:
+      continue
     steps = steps or lengths[-1]
     if steps in ratios[layer]:
       met = "met" if ratios[layer][steps] >= goal else "not met"
@@ -415,11 +425,18 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                       help=f"comma list of {list(CELLS)} (default here: %(default)s)")
   parser.add_argument("--dtypes", type=cli.names_of(DTYPES), default=defaults["dtypes"],
                       help=f"comma list of {list(DTYPES)} (default here: %(default)s)")
+  parser.add_argument("--peers", type=cli.names_of(PEERS), default=",".join(PEERS),
+                      help=f"comma list of {list(PEERS)}: the peers timed beside ours "
+                           "(default: %(default)s)")
   parser.add_argument("--repeats", type=cli.positive_int, default=defaults["repeats"])
   parser.add_argument("--pause", type=cli.non_negative_float, default=defaults["pause"],
                       help="seconds idle before each timed call (default here: %(default)s)")
   parser.add_argument("--linear_shape", type=linear_shape, default="1,32,32",
                       help="linear section: B,H,N, batch, width and states (default: %(default)s)")
+  parser.add_argument("--linear_layers", type=cli.names_of(LINEAR_LAYERS),
+                      default=",".join(LINEAR_LAYERS),
+                      help="linear section: comma list of the layers timed beside the GRU "
+                           "(default: %(default)s)")
   parser.add_argument("--lengths", type=cli.positive_ints, default="1024,4096,16384",
                       help="linear section: comma list of T (default: %(default)s)")
   parser.add_argument("--linear_repeats", type=cli.positive_int, default=9,
