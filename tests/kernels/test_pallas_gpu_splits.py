@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiers import long_cases
 
 from research.attention import dot_product_attention
 from research.attention.block_sparse import BigBird
@@ -139,25 +140,20 @@ def test_split_matches_reference_float32(kind, causal, splits, length):
 
 @pytest.mark.slow
 def test_split_bfloat16():
-  """bfloat16 in (products in bfloat16, float32 accumulation): split and not split within
-  bfloat16 rounding of the float32 reference on the same rounded inputs (2⁻⁸ relative,
-  taken of the largest value: 2e-2 · max |reference|); and of each other within one
-  bfloat16 ulp of the output's largest value (the slices only sum float32 partials in
-  another order, then round once)."""
+  """bfloat16 in (products in bfloat16, float32 accumulation), the long rows split: within
+  bfloat16 rounding of the float32 reference on the same rounded inputs (2⁻⁸ relative, taken
+  of the largest value: 2e-2 · max |reference|); the slices only add float32 partials in
+  another order before the one rounding to bfloat16."""
   length = 150
   q, k, v, do, bias = _inputs(1, length, 1, 1, 16, jnp.bfloat16)
   visibility, _ = _pattern("global", False, length)
-  run = lambda splits: jax.jit(lambda *a: _value_and_grads(_ours(visibility, splits, 0.25), do,
-                                                           *a))(q, k, v, bias)
-  split, whole = run(3), run(1)
+  got = jax.jit(lambda *a: _value_and_grads(_ours(visibility, 3, 0.25), do, *a))(q, k, v, bias)
   want = jax.jit(lambda *a: _value_and_grads(_reference("global", False, length, 0.25), do, *a))(
       q, k, v, bias)
-  f32 = lambda x: np.asarray(x, np.float32)
-  for name, s, n, w in zip(("out", "dq", "dk", "dv", "dbias"), split, whole, want):
-    assert s.dtype == jnp.bfloat16, name
-    scale = float(jnp.abs(w).max())
-    np.testing.assert_allclose(f32(s), w, rtol=0, atol=2e-2 * scale, err_msg=name)
-    np.testing.assert_allclose(f32(s), f32(n), rtol=0, atol=2**-7 * scale, err_msg=name)
+  for name, g, w in zip(("out", "dq", "dk", "dv", "dbias"), got, want):
+    assert g.dtype == jnp.bfloat16, name
+    np.testing.assert_allclose(np.asarray(g, np.float32), w, rtol=0,
+                               atol=2e-2 * float(jnp.abs(w).max()), err_msg=name)
 
 
 @pytest.mark.slow
@@ -231,3 +227,29 @@ def test_lowers_split_and_d128_for_gpu():
         {"pallas_gpu_forward_slices", "pallas_gpu_dq_slices", "pallas_gpu_dkv_slices"}
         if count == 6 else set())
     assert set(re.findall(r"num_warps = (\d+)", text)) == {"8"}
+
+
+@pytest.mark.aot
+@pytest.mark.slow
+@pytest.mark.parametrize("target", long_cases(["h100", "a100"], {"a100"}))
+def test_d128_compiles_for_gpus(target):
+  """The d128 tiling's kernels and their slices compiled by XLA for an H100 and (long tier)
+  an A100 without the GPU (research.aot): their tiles and pipeline stages fit each chip's
+  shared memory (XLA refuses a kernel that does not)."""
+  from research.aot import targets  # noqa: PLC0415 - the aot extra's toolchains
+  from research.attention import registry  # noqa: PLC0415
+
+  chosen = targets.get(target)
+  device = targets.devices_of(chosen)[0]
+  q = jax.ShapeDtypeStruct((1, 4096, 2, 128), jnp.bfloat16,
+                           sharding=jax.sharding.SingleDeviceSharding(device))
+  visibility = Visibility.make(False, (256, 0), None, tuple(range(16)))
+  attention = lambda q, k, v: pallas_gpu.pallas_gpu_attention(
+      q, k, v, scale=0.1, bias=None, mask=None, visibility=visibility, block_size=None,
+      return_weights=False, interpret=False)
+  gradient = jax.jit(jax.grad(lambda q, k, v: attention(q, k, v).astype(jnp.float32).sum(),
+                              (0, 1, 2)))
+  with registry.compiling_for("gpu", targets.gpu_capability(chosen), chosen.description):
+    lowered = gradient.trace(q, q, q).lower(lowering_platforms=("cuda",))
+  compiled = lowered.compile(targets.COMPILER_OPTIONS["cuda"])
+  assert compiled.as_text().count("pallas_gpu") >= 6
