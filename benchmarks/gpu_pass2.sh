@@ -142,7 +142,7 @@ if want recurrent; then
     cells=(--shapes=base --cells=lstm --dtypes=float32 --peers=torch --repeats=1)
     linear=(--section=linear --lengths=256 --linear_layers=LRU,S5 --linear_repeats=1
             --compile_target=)
-    limits=(240 120)
+    limits=(240 240)
   fi
   run "recurrent cells" "${limits[0]}" TERM "$out/recurrent.log" "$py" benchmarks/recurrent.py "${cells[@]}"
   run "recurrent linear" "${limits[1]}" TERM "$out/recurrent.log" "$py" benchmarks/recurrent.py "${linear[@]}"

@@ -41,7 +41,9 @@ Defaults follow the platform (`jax.default_backend()`): on the CPU the shapes ba
 wide (one unidirectional layer), cells lstm, gru, rnn, float32, 9 rounds, 0.2 s pause;
 on a GPU the four shapes of the GPU goal (base, long_bidir, stack_bidir,
 wide_stack_bidir), cells lstm, gru, float32 and bfloat16, 20 rounds, no pause, and a
-last line checking the goal: ours at most 0.8 × torch cuDNN's time. The flags override.
+last line checking the goal: ours at most 0.8 × torch cuDNN's time. The flags override;
+`--peers` narrows the peers (torch, jax_rnn, flax) and `--linear_layers` the linear
+section's layers (the GPU pass: torch's cuDNN alone; LRU and S5).
 
 Linear recurrences (`--section linear`, or `all` for both tables):
 
