@@ -1,18 +1,22 @@
-"""Sweeps: every point of a config's get_sweep() trained into its own subdirectory, plus a
-summary of their final metrics; the root workdir is held as a run's is and records the sweep
-(sweep.json), so that the same command resumes it (`run_sweep`; docs/running.md, "Sweeps").
+"""Sweeps: every point of a config's get_sweep() trained into its own subdirectory, in this
+process or in worker processes side by side, the points split over shards (machines) if
+asked, plus one summary of their final metrics; the root workdir is held as a run's is and
+records the sweep (sweep.json), so that the same command resumes it (`run_sweep`;
+docs/running.md, "Sweeps").
 """
 
 import csv
 import io
 import json
 import os
+import re
 import sys
 
 import jax
 
 from research import files
 from research.errors import ConfigError, UserError, WorkdirError
+from research.training import sweep_workers
 from research.training import workdir as workdirs
 from research.training.config import apply_overrides
 from research.training.experiment import Experiment
@@ -29,6 +33,8 @@ from research.training.workdir import (
 )
 
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
+SUMMARY_LOCK = "summary.lock"    # held while a process (a shard) reads the points and writes it
+PENDING = "pending"              # the summary's column of the points not finished yet
 
 
 def point_name(point: dict) -> str:
@@ -64,11 +70,24 @@ def point_configs(config, points, experiment: Experiment, validate=validate) -> 
   return configs
 
 
-def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment) -> list[dict]:
+def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment, *,
+              workers: int = 1, shard: tuple[int, int] = (0, 1)) -> list[dict]:
   """Trains each point (resuming unfinished ones, skipping finished ones) and writes
   summary.csv / summary.md of the final metrics. Every point's config and the root workdir
-  are checked once, before the first point starts. Returns one row per point: its
-  overrides + final metrics.
+  are checked once, before the first point starts. Returns the summary's rows: one per
+  point, its overrides + final metrics, or + {"pending": True} for a point not finished yet
+  (another shard's, or one a stop left).
+
+  `workers`: 1 trains the points one after another in this process; N > 1 in N worker
+  processes side by side (`sweep_workers`; at most one per CPU core, or per GPU on a GPU
+  host: `sweep_workers.check_workers`), each taking the next point when it is free. Every
+  point computes what it computes in the serial sweep (the same programs; on the CPU, the
+  same numbers: docs/running.md, "Sweeps"). `shard` (I, N): this process trains the points
+  whose index in get_sweep() % N == I (`parse_shard` reads "I/N"), so that N processes or
+  machines sharing the workdir split the sweep; each holds the root as `workdir.hold`'s
+  shard (they run side by side; a whole sweep or a run there is refused while they do),
+  and each writes the summary, under summary.lock, of every point finished so far by any of
+  them: the last to finish writes the whole one.
 
   The root workdir is held as a run's is (`research.training.workdir.hold`: refused while a
   live process holds it, left as found by a sweep refused before its first point starts)
@@ -84,27 +103,89 @@ def run_sweep(config, points: list[dict], workdir: str, experiment: Experiment) 
   diverged, its final_metrics.json {"diverged": the loop's message}, and the sweep goes on;
   delete that file to train the point again.
   """
+  index, count = check_shard(shard)
+  slots = None if workers == 1 else sweep_workers.check_workers(workers)
+  if slots is not None and slots[0].gpu is not None:
+    sweep_workers.keep_on_the_cpu(workers)
   configs = point_configs(config, points, experiment)
-  with workdirs.hold(workdir) as lease:
+  if slots is not None:
+    check_for_workers(configs, experiment, workers)
+  with workdirs.hold(workdir, shard=(index, count) if count > 1 else None) as lease:
     check_sweep_workdir(config, points, workdir)
     lease.on_start(lambda: _record(config, points, workdir))
-    rows = []
-    for index, (point, point_config) in enumerate(zip(points, configs, strict=True)):
-      point_dir = os.path.join(workdir, point_name(point))
-      final = _finished(point_dir)
-      if final is None:
-        try:
-          final = train(point_config, point_dir, experiment, on_start=lease.start)
-        except UserError as error:     # a file or workdir of this point: say which point
-          raise type(error)(f"sweep point {index} ({point_name(point)}): {error}") from error
-        except NonFiniteLossError as error:
-          final = _diverged(point_dir, error)
-          print(f"sweep point {index} ({point_name(point)}): {error}; recorded as diverged, "
-                "the sweep goes on", file=sys.stderr, flush=True)
-      rows.append({**point, **final})
-      lease.start()                    # (every point done before: the summary writes first)
-      write_summary(rows, workdir)
-  return rows
+    mine = range(index, len(points), count)
+    finals = {k: final for k in mine
+              if (final := _finished(os.path.join(workdir, point_name(points[k])))) is not None}
+    todo = [k for k in mine if k not in finals]
+    if slots is None:
+      jobs = _jobs(todo, points, configs, workdir, experiment, lease.start)
+      trained = ((job.key, job.function(*job.args)) for job in jobs)
+    else:
+      jobs = _jobs(todo, points, configs, workdir, experiment, sweep_workers.report_start)
+      trained = sweep_workers.run(jobs, slots, on_start=lambda key: lease.start())
+    for key, final in trained:
+      finals[key] = final
+      lease.start()                  # (every point done before: the summary writes first)
+      write_summary_of(points, finals, workdir)
+    lease.start()
+    return write_summary_of(points, finals, workdir)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+  """"I/N" -> (I, N), a sweep's shard as the command line gives it (`check_shard`)."""
+  match = re.fullmatch(r"(\d+)/(\d+)", str(text).strip())
+  if match is None or not int(match[1]) < int(match[2]):
+    raise ConfigError(f"sweep shard {text!r}: give I/N, shard I of N with 0 <= I < N (e.g. "
+                      "0/2 on one machine and 1/2 on another; 0/1: every point)")
+  return int(match[1]), int(match[2])
+
+
+def check_shard(shard) -> tuple[int, int]:
+  """(I, N) of a shard: this process trains the points whose index % N == I; ConfigError
+  unless N >= 1 and 0 <= I < N."""
+  if not (isinstance(shard, (tuple, list)) and len(shard) == 2
+          and all(isinstance(n, int) and not isinstance(n, bool) for n in shard)
+          and 0 <= shard[0] < shard[1]):
+    raise ConfigError(f"sweep shard {shard!r}: give (I, N), shard I of N with 0 <= I < N "
+                      "(e.g. (0, 2) on one machine and (1, 2) on another; (0, 1): every point)")
+  return tuple(shard)
+
+
+def check_for_workers(configs: list, experiment: Experiment, workers: int) -> None:
+  """ConfigError unless the points can go to worker processes: one process (not a
+  multi-process run: shards split those), an experiment and configs that pickle."""
+  if jax.process_count() > 1:
+    raise ConfigError(f"sweep workers={workers}: this sweep runs on {jax.process_count()} "
+                      "processes (config.distributed); worker processes split one process's "
+                      "sweep: give workers=1, and shards to split a sweep over machines")
+  sweep_workers.check_sendable(experiment, workers, "the experiment")
+  sweep_workers.check_sendable(configs, workers, "a point's config")
+
+
+def train_point(index: int, point: dict, point_config, point_dir: str, experiment: Experiment,
+                on_start) -> dict:
+  """The final metrics of one point trained into point_dir (what the serial sweep and each
+  worker run): a UserError names the point; a NaN or Inf loss is recorded as diverged."""
+  try:
+    return train(point_config, point_dir, experiment, on_start=on_start)
+  except UserError as error:     # a file or workdir of this point: say which point
+    raise type(error)(f"sweep point {index} ({point_name(point)}): {error}") from error
+  except NonFiniteLossError as error:
+    final = _diverged(point_dir, error)
+    print(f"sweep point {index} ({point_name(point)}): {error}; recorded as diverged, "
+          "the sweep goes on", file=sys.stderr, flush=True)
+    return final
+
+
+def _jobs(todo: list[int], points: list[dict], configs: list, workdir: str,
+          experiment: Experiment, on_start) -> list[sweep_workers.Job]:
+  """A job (`train_point`) per point to train, its lines under "point K (its name)"."""
+  jobs = []
+  for k in todo:
+    name = point_name(points[k])
+    jobs.append(sweep_workers.Job(k, f"point {k} ({name})", train_point, (
+        k, points[k], configs[k], os.path.join(workdir, name), experiment, on_start)))
+  return jobs
 
 
 def check_sweep_workdir(config, points: list[dict], workdir: str) -> None:
@@ -113,7 +194,7 @@ def check_sweep_workdir(config, points: list[dict], workdir: str) -> None:
   aside), or an entry where the sweep writes one of another kind; before anything is
   compiled or written."""
   names = [point_name(point) for point in points]
-  workdirs.check_entries(workdir, files=(SUMMARY_CSV, SUMMARY_MD, SWEEP_RECORD),
+  workdirs.check_entries(workdir, files=(SUMMARY_CSV, SUMMARY_MD, SUMMARY_LOCK, SWEEP_RECORD),
                          directories=tuple(names))
   if os.path.exists(os.path.join(workdir, CONFIG)):
     raise WorkdirError(f"workdir {workdir} holds a single run ({CONFIG}); a sweep needs a "
@@ -173,9 +254,34 @@ def _finished(point_dir: str) -> dict | None:
     return None
 
 
+def write_summary_of(points: list[dict], finals: dict[int, dict], workdir: str) -> list[dict]:
+  """Writes the summary of every point finished so far (`summary_rows`) under summary.lock:
+  whoever writes last has seen every point finished before; returns its rows."""
+  with files.locked(os.path.join(workdir, SUMMARY_LOCK), "the sweep's summary"):
+    rows = summary_rows(points, finals, workdir)
+    write_summary(rows, workdir)
+  return rows
+
+
+def summary_rows(points: list[dict], finals: dict[int, dict], workdir: str) -> list[dict]:
+  """One row per point in get_sweep()'s order, its overrides and final metrics: `finals`'
+  (this process's points, by index), else its final_metrics.json's (another shard's), else
+  {"pending": True} (not finished yet)."""
+  rows = []
+  for index, point in enumerate(points):
+    final = finals.get(index)
+    if final is None:
+      try:
+        final = read_json(os.path.join(workdir, point_name(point), FINAL_METRICS))
+      except (FileNotFoundError, files.UnreadableFile):   # (being written: its shard rewrites)
+        final = {PENDING: True}
+    rows.append({**point, **final})
+  return rows
+
+
 def write_summary(rows: list[dict], workdir: str) -> None:
-  """summary.csv and summary.md of the rows, each written whole."""
-  columns = list(dict.fromkeys(key for row in rows for key in row))
+  """summary.csv and summary.md of the rows, each written whole (the pending column last)."""
+  columns = sorted(dict.fromkeys(key for row in rows for key in row), key=lambda c: c == PENDING)
   table = io.StringIO()
   writer = csv.DictWriter(table, columns)
   writer.writeheader()

@@ -26,6 +26,7 @@ LOCK_FILE, CONFIG, METRICS_FILE, FINAL_METRICS = ("run.lock", "config.json", "me
 LOSS_PLOT, CHECKPOINTS, TENSORBOARD = "loss.png", "checkpoints", "tensorboard"
 PROFILE, WANDB = "profile", "wandb"     # jax.profiler's traces; the W&B run's files
 SWEEP_RECORD = "sweep.json"      # in a sweep's root workdir (research/training/sweep.py)
+SHARDS = "sweep shards, each named in its shard-I-of-N.lock"   # run.lock's text while shared
 MAX_BYTES = 2**20       # a run's config.json holds a few KiB
 MAX_DEPTH = 16          # groups (and lists) within groups: a few levels in any experiment
 
@@ -320,7 +321,7 @@ class Lease:
 
 
 @contextlib.contextmanager
-def hold(workdir: str) -> Iterator[Lease]:
+def hold(workdir: str, shard: tuple[int, int] | None = None) -> Iterator[Lease]:
   """Creates `workdir` if needed and holds its lock while the block runs; yields a Lease.
 
   An exception leaving the block before `lease.start()` puts the lock file back as it was
@@ -328,6 +329,13 @@ def hold(workdir: str) -> Iterator[Lease]:
   the directories this call created. Raises WorkdirError if the workdir cannot be created or
   written (a path that is a file, a read-only or immutable location: a probe file is
   created and removed there) or a live process holds it.
+
+  `shard` (index I, count N): one of N processes (or machines) that split a sweep
+  (research/training/sweep.py). It holds run.lock shared with the other shards (a run or a
+  whole sweep, which hold it alone, are refused while a shard holds it, and refuse shards
+  while they do) and its own lock file, shard-I-of-N.lock, alone (a second process of the
+  same shard is refused). The locks are flock(2)'s; Linux takes them on NFS as the server's
+  locks, which hold between machines.
   """
   created = _make_directory(workdir)
   lease = Lease()
@@ -336,18 +344,37 @@ def hold(workdir: str) -> Iterator[Lease]:
       check_writable(workdir)
       yield lease
       return
-    path = os.path.join(workdir, LOCK_FILE)
-    existed = os.path.exists(path)
-    with _locked(workdir, path) as handle:
-      found = _contents(handle) if existed else None
-      try:
-        check_writable(workdir)
-        _write_holder(workdir, handle)
-        yield lease
-      except BaseException:
-        if not lease.started:
-          _put_back(path, handle, found)
-        raise
+    with contextlib.ExitStack() as locks:
+      locks.enter_context(_held(workdir, LOCK_FILE, lease, "a live run",
+                                shared=shard is not None))
+      if shard is not None:
+        locks.enter_context(_held(workdir, shard_lock(shard), lease,
+                                  f"a live run of sweep shard {shard[0]}/{shard[1]}"))
+      yield lease
+
+
+def shard_lock(shard: tuple[int, int]) -> str:
+  """The name of a sweep shard's own lock file in the sweep's root: shard-I-of-N.lock."""
+  return f"shard-{shard[0]}-of-{shard[1]}.lock"
+
+
+@contextlib.contextmanager
+def _held(workdir: str, name: str, lease: Lease, holder: str, shared: bool = False):
+  """The lock file `name` of workdir locked, exclusively or `shared`, with its holder written
+  in it (this process, or SHARDS for a shared lock; a refusal names the `holder` kind and
+  what the file says), put back as found if the block fails before `lease.start()`."""
+  path = os.path.join(workdir, name)
+  existed = os.path.exists(path)
+  with _locked(workdir, path, holder, shared) as handle:
+    found = _contents(handle) if existed else None
+    try:
+      check_writable(workdir)
+      _write_holder(workdir, handle, SHARDS if shared else None)
+      yield
+    except BaseException:
+      if not lease.started:
+        _put_back(path, handle, found, shared)
+      raise
 
 
 def _contents(handle) -> tuple[bytes, os.stat_result]:
@@ -357,23 +384,27 @@ def _contents(handle) -> tuple[bytes, os.stat_result]:
   return handle.read(), stat
 
 
-def _write_holder(workdir: str, handle) -> None:
+def _write_holder(workdir: str, handle, text: str | None = None) -> None:
   """This process's pid, host and start time into the lock file (for a run refused as busy
-  to name it)."""
+  to name it), or `text` (the same bytes from every shard that holds it shared)."""
   try:
     handle.seek(0)
     handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
-                 f"{datetime.datetime.now():%Y-%m-%d %H:%M:%S}\n".encode())
+    handle.write((text or f"pid {os.getpid()} on {socket.gethostname()}, since "
+                  f"{datetime.datetime.now():%Y-%m-%d %H:%M:%S}").encode() + b"\n")
     handle.flush()
   except OSError as error:
     raise _unwritable(workdir, error) from None
 
 
-def _put_back(path: str, handle, found: tuple[bytes, os.stat_result] | None) -> None:
+def _put_back(path: str, handle, found: tuple[bytes, os.stat_result] | None,
+              shared: bool = False) -> None:
   """The lock file as a refused run found it: its bytes and times, or no file where there
-  was none (removed while holding it: no other run uses this file)."""
+  was none (removed while holding it: no other run uses this file). A `shared` lock is
+  first taken alone: one another shard still holds is left as it is."""
   with contextlib.suppress(OSError):
+    if shared:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)    # OSError while another holds it
     if found is None:
       os.remove(path)
       return
@@ -386,10 +417,11 @@ def _put_back(path: str, handle, found: tuple[bytes, os.stat_result] | None) -> 
 
 
 @contextlib.contextmanager
-def _locked(workdir: str, path: str):
-  """The lock file, open and flock-ed. A holder that removed the file (a refused run) leaves
-  a lock on a file no longer in the directory: it is opened again until the file locked is
-  the one at `path`."""
+def _locked(workdir: str, path: str, holder: str = "a live run", shared: bool = False):
+  """The lock file, open and flock-ed (exclusively, or `shared`); WorkdirError naming the
+  `holder` kind and what the file says where another process holds it. A holder that
+  removed the file (a refused run) leaves a lock on a file no longer in the directory: it
+  is opened again until the file locked is the one at `path`."""
   while True:
     try:
       handle = open(path, "a+b")
@@ -397,13 +429,13 @@ def _locked(workdir: str, path: str):
       raise _unwritable(workdir, error) from None
     with handle:
       try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
       except OSError as error:
         if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
           raise
         handle.seek(0)
-        holder = handle.read().decode(errors="replace").strip() or "another process"
-        raise WorkdirError(f"workdir {workdir} is in use by a live run ({holder}); wait for it "
+        named = handle.read().decode(errors="replace").strip() or "another process"
+        raise WorkdirError(f"workdir {workdir} is in use by {holder} ({named}); wait for it "
                            "to end or give another --workdir") from None
       try:
         current = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
