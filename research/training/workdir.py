@@ -32,7 +32,9 @@ MAX_DEPTH = 16          # groups (and lists) within groups: a few levels in any 
 
 # ---- The config record and what a resume may change ---------------------------------------
 # Keys a rerun may change and still resume the workdir's run (more steps, other hosts, how
-# an update is computed: microbatches, rematerialisation).
+# an update is computed: microbatches, rematerialisation). Not train.init_from nor
+# init_params: where a warm start's parameters came from stays its run's (a resume reads its
+# own checkpoint, never that run's again).
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.profile_steps",
                   "train.grad_accum_steps", "model.remat",
@@ -53,6 +55,8 @@ ADDED_KEYS = {
     "model.mixer_gate": "none",               # nothing after the blocks' mixer
     "train.recurrence_learning_rate": 0.0,    # one rate for every parameter
     "model.dtype": "float32",                 # kernel_regression (the others had it)
+    "train.init_from": "",                    # no warm start
+    "train.init_params": ".*",
 }
 
 
