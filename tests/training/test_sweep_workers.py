@@ -3,6 +3,10 @@ sweep, one summary, the shards' locks, and errors that reach the sweep as they w
 
 import csv
 import os
+import re
+import signal
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -310,3 +314,36 @@ def _files(directory) -> dict:
       with open(os.path.join(root, name), "rb") as f:
         contents[os.path.join(root, name)] = f.read()
   return contents
+
+
+@pytest.mark.slow
+def test_a_stop_signal_reaches_every_worker_once_and_each_point_keeps_a_checkpoint(tmp_path):
+  """SIGTERM to the sweep while both workers train: each saves a checkpoint of its step and
+  stops; the sweep raises WorkersStopped (a Stopped: launch.py's exit status for SIGTERM)
+  naming both points."""
+  if len(CORES) < 2:
+    pytest.skip("needs 2 CPU cores")
+  config = tiny.config(**{"train.num_steps": 100_000, "train.checkpoint_every": 10,
+                          "train.log_every": 10, "train.eval_every": 100_000})
+  points = [{"model.kind": "rnn"}, {"model.kind": "gru"}]
+  checkpoints = [tmp_path / point_name / "checkpoints" for point_name in
+                 ("model.kind=rnn", "model.kind=gru")]
+
+  def stop_once_both_train():
+    while not all(directory.is_dir() and any(name.isdigit() for name in os.listdir(directory))
+                  for directory in checkpoints):
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  threading.Thread(target=stop_once_both_train, daemon=True).start()
+  with pytest.raises(sweep_workers.WorkersStopped) as stopped:
+    run_sweep(config, points, str(tmp_path), tiny.task(), workers=2)
+  assert stopped.value.signum == signal.SIGTERM
+  assert re.fullmatch(r"SIGTERM stopped the sweep's workers: point 0 \(model.kind=rnn\): "
+                      r"SIGTERM at step (\d+): checkpoint saved in \S+model.kind=rnn/checkpoints; "
+                      r"run the same command again to resume; point 1 \(model.kind=gru\): "
+                      r"SIGTERM at step (\d+): checkpoint saved in \S+model.kind=gru/checkpoints; "
+                      r"run the same command again to resume", str(stopped.value))
+  for directory, step in zip(checkpoints, re.findall(r"at step (\d+)", str(stopped.value)),
+                             strict=True):
+    assert step in os.listdir(directory)
