@@ -9,6 +9,7 @@ other backend they run through Pallas' interpreter (`interpret=True`), slowly bu
 
 import functools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -302,7 +303,7 @@ class Plan(NamedTuple):
   main: dict
   sliced: dict | None
   slices: split_visits.Slices | None
-  order: object
+  order: Callable
 
 
 def _plan(config: Config, tiles: Tiles, padded: tuple[int, int], lengths,
