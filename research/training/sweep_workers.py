@@ -67,10 +67,13 @@ class WorkerFailed(RunFailed):
 class WorkersStopped(Stopped):
   """A stop signal reached the sweep; each worker stopped its point as a run stops."""
 
-  def __init__(self, signum: int, stops: list[str]):
+  def __init__(self, signum: int, stops: list[str], left: int):
     self.signum = signum
-    Exception.__init__(self, f"{signal.Signals(signum).name} stopped the sweep's workers: "
-                             + "; ".join(stops))
+    name = signal.Signals(signum).name
+    Exception.__init__(self, f"{name} stopped the sweep's workers: " + "; ".join(stops)
+                       if stops else f"{name} stopped the sweep before its last {left} "
+                       "point(s), every point begun being done; run the same command again "
+                       "to train them")
 
 
 def check_workers(workers, root: str = "/") -> list[Slot]:
@@ -279,7 +282,7 @@ class _Pool:
     if worker.output in self.selector.get_map():
       self.selector.unregister(worker.output)
     status = worker.process.wait()
-    if worker.job is not None:
+    if worker.job is not None or (self.jobs and not self.stopping):   # (or between jobs)
       how = (f"was killed by {signal.Signals(-status).name}" if status < 0
              else f"exited with status {status}")
       self._fail(WorkerFailed(f"{worker.label}: its worker process {how} before it reported "
@@ -291,10 +294,8 @@ class _Pool:
       self.stops.append((job.key, f"{job.label}: {value}"))
       return
     error_class, message = value
-    error = (error_class(message) if isinstance(error_class, type)
-             and issubclass(error_class, (UserError, RunFailed)) else
-             WorkerFailed(f"{job.label}: {message} (in a worker: its traceback is above)"))
-    self._fail(error)
+    self._fail(_rebuilt(error_class, message) or WorkerFailed(
+        f"{job.label}: {message} (in a worker: its traceback is above)"))
 
   def _fail(self, error: BaseException) -> None:
     if self.failure is None:
@@ -349,11 +350,22 @@ class _Pool:
     self.selector.close()
 
   def raise_outcome(self) -> None:
+    """The first failure, else WorkersStopped if a job was stopped or left untaken."""
     if self.failure is not None:
       raise self.failure
-    if self.signum or self.stops:
+    if self.stops or self.jobs:
       raise WorkersStopped(self.signum or signal.SIGINT, [words for _, words in sorted(
-          self.stops, key=lambda stop: self.order[stop[0]])])
+          self.stops, key=lambda stop: self.order[stop[0]])], len(self.jobs))
+
+
+def _rebuilt(error_class, message: str) -> BaseException | None:
+  """A worker's UserError or RunFailed as this process raises it: its class, or the first
+  of its bases that takes the message alone; None for another error (a bug)."""
+  for candidate in error_class.__mro__ if isinstance(error_class, type) else ():
+    if issubclass(candidate, (UserError, RunFailed)):
+      with contextlib.suppress(TypeError):
+        return candidate(message)
+  return None
 
 
 @contextlib.contextmanager

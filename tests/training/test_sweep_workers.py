@@ -18,6 +18,7 @@ import research.experiments  # noqa: F401 - restore() finds the tiny run's exper
 from research.errors import ConfigError, WorkdirError
 from research.training import restore, sweep, sweep_workers
 from research.training import workdir as workdirs
+from research.training.command import UnknownFlag
 from research.training.sweep import check_shard, parse_shard, run_sweep
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -347,3 +348,14 @@ def test_a_stop_signal_reaches_every_worker_once_and_each_point_keeps_a_checkpoi
   for directory, step in zip(checkpoints, re.findall(r"at step (\d+)", str(stopped.value)),
                              strict=True):
     assert step in os.listdir(directory)
+
+
+def test_a_workers_error_is_raised_as_its_class_or_the_nearest_that_takes_its_line():
+  """What a worker reports (its error's class and line) raised here: the same class where it
+  takes the message alone (WorkdirError), else its nearest base that does (UnknownFlag needs
+  a flag's name: a ConfigError); a bug's is none of ours (WorkerFailed names it instead)."""
+  assert type(sweep_workers._rebuilt(WorkdirError, "line")) is WorkdirError
+  rebuilt = sweep_workers._rebuilt(UnknownFlag, "line")
+  assert type(rebuilt) is ConfigError and str(rebuilt) == "line"
+  assert sweep_workers._rebuilt(ValueError, "line") is None
+  assert sweep_workers._rebuilt(None, "line") is None
