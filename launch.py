@@ -1,11 +1,8 @@
-"""Trains an experiment (or every point of its sweep), compiles it for a chip it needs not
-have, or evaluates or exports a trained run; docs/running.md has the flags and the exit
-statuses. Without flags: the default experiment into a new workdir under runs/.
-
-  python launch.py --config experiments/NAME.py[:ARGS] [--config.KEY=VALUE ...] [--workdir DIR]
-                   [--sweep] [--compile_only=TARGET]
-  python launch.py --workdir DIR --eval_only|--export [--step N]
-"""
+"""Trains an experiment (or its sweep's points), compiles it for a chip it needs not have,
+or evaluates or exports a trained run (docs/running.md: the flags, the exit statuses):
+python launch.py --config experiments/NAME.py[:ARGS] [--config.KEY=VALUE ...] [--workdir DIR]
+[--sweep [--workers N] [--shard I/N]] [--compile_only=TARGET]; python launch.py --workdir DIR
+--eval_only|--export [--step N]. Without flags: the default experiment into runs/NAME-TIME."""
 
 import sys
 
@@ -27,24 +24,26 @@ with jax_start.held_back("--verbose" not in sys.argv):   # JAX's plugins log on 
   from research.training.config import sweep_points
   from research.training.export import export_run
   from research.training.run import RestoreWarning, evaluate_checkpoint
+  from research.training.sweep import parse_shard
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = flags.DEFINE_string("config", os.path.join(ROOT, "experiments", "nmt_dates.py"),
                               "the experiment: FILE[:ARGS]; --config.KEY=VALUE sets a key")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default: runs/NAME-TIME)")
 _SWEEP = flags.DEFINE_bool("sweep", False, "train every point of the config's get_sweep()")
+_WORKERS = flags.DEFINE_integer("workers", 1, "with --sweep: worker processes training points "
+                                "side by side, each on its share of the cores or one GPU")
+_SHARD = flags.DEFINE_string("shard", "0/1", "with --sweep: I/N, this machine's share of the "
+                             "points (index % N == I) of a sweep N machines split")
 _COMPILE_ONLY = flags.DEFINE_string(
     "compile_only", None, "compile the train and eval steps for TARGET (no such device "
     f"needed: {', '.join(targets.TARGETS)}) into compile_report.json; train nothing")
-_EVAL_ONLY = flags.DEFINE_bool("eval_only", False, "evaluate --workdir's checkpoint (its own "
-                               "config) into eval_step_N.json there; train nothing")
-_EXPORT = flags.DEFINE_bool("export", False, "export --workdir's checkpoint into "
-                            "export_step_N there (safetensors, jax.export, metadata.json)")
+_EVAL_ONLY = flags.DEFINE_bool("eval_only", False, "evaluate --workdir's checkpoint; no training")
+_EXPORT = flags.DEFINE_bool("export", False, "export --workdir's checkpoint into export_step_N")
 _STEP = flags.DEFINE_integer("step", None, "with --eval_only or --export: the checkpoint's "
                              "step (default: the latest)", lower_bound=0)
-_COMPILATION_CACHE = flags.DEFINE_string(
-    "compilation_cache", compile.CACHE_DIRECTORY, "JAX's persistent compilation cache of "
-    "compiled steps for later runs; '' switches it off")
+_COMPILATION_CACHE = flags.DEFINE_string("compilation_cache", compile.CACHE_DIRECTORY,
+                                         "JAX's persistent compilation cache; '' for none")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "show tracebacks and the libraries' INFO logs")
 
 
@@ -69,12 +68,13 @@ def train(parsed: command.Command) -> None:
     print(f"compile summary: {os.path.join(workdir, SUMMARY)}" if points is not None else
           f"report: {os.path.join(workdir, REPORT)}")
   elif points is not None:
-    run_sweep(config, points, workdir, experiment)
+    run_sweep(config, points, workdir, experiment, workers=_WORKERS.value,
+              shard=parse_shard(_SHARD.value))
     print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
   else:
     final = train_and_evaluate(config, workdir, experiment)
-    print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2))
-    print(f"workdir: {workdir}")
+    print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2), f"workdir: {workdir}",
+          sep="\n")
 
 
 def evaluate() -> None:
@@ -82,8 +82,8 @@ def evaluate() -> None:
   start_backends()
   with command.warnings_as_lines(RestoreWarning):
     path, metrics = evaluate_checkpoint(_WORKDIR.value, _STEP.value)
-  print(json.dumps({k: round(v, 6) for k, v in metrics.items()}, indent=2))
-  print(f"eval metrics: {path}")
+  print(json.dumps({k: round(v, 6) for k, v in metrics.items()}, indent=2), f"eval metrics: {path}",
+        sep="\n")
 
 
 def export() -> None:

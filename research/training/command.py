@@ -225,6 +225,7 @@ VALUE_REFUSALS = {
     "compile_only": f"--compile_only needs a target: --compile_only=TARGET, one of: "
                     f"{', '.join(targets.TARGETS)}",
     "step": "--step needs a checkpoint's step: --step=N (without the flag: the latest)"}
+SWEEP_ONLY = ("workers", "shard")   # the flags of a sweep's training
 CHECKPOINT_VERBS = {"eval_only": "evaluate", "export": "export"}   # they act on --workdir's run
 FLAG_LIKE = re.compile(r"^--?[A-Za-z]")   # a value absl took from the next argument, a flag
 
@@ -250,6 +251,9 @@ def parse(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> Comma
     if flag_values[name].present and isinstance(value, str) and (
         not value.strip() or FLAG_LIKE.match(value)):
       raise ConfigError(refusal)
+  for name in SWEEP_ONLY:
+    if flag_values[name].present and not (flag_values.sweep and flag_values.compile_only is None):
+      raise ConfigError(f"--{name} goes with --sweep, training a sweep's points")
   mode = _checkpoint_mode(flag_values, left)
   if mode is not None:
     _check_no_arguments(_absl(flags.FlagValues(), left))
@@ -382,8 +386,8 @@ def _check_no_arguments(left: list[str]) -> None:
             if left[1].partition(":")[0].endswith(".py") else "")
     raise ConfigError(f"unexpected argument {left[1]!r}: launch.py takes flags only "
                       f"(--config FILE[:ARGS], --config.KEY=VALUE, --workdir DIR, --sweep, "
-                      f"--compile_only=TARGET, --eval_only, --export, --step N, "
-                      f"--verbose){hint}")
+                      f"--workers N, --shard I/N, --compile_only=TARGET, --eval_only, --export, "
+                      f"--step N, --verbose){hint}")
 
 
 # The command's work, and how it ends ------------------------------------------------------

@@ -124,6 +124,8 @@ def test_an_unknown_target_is_refused_listing_the_targets_and_the_nearest(value,
                                     "own config (its config.json)"),
     (["--eval_only", "-config.seed", "1"], "--eval_only does not go with --config.seed: it "
                                            "takes the run's own config (its config.json)"),
+    (["--workers=2"], "--workers goes with --sweep, training a sweep's points"),
+    (["--sweep", "--shard=0/2", "--compile_only=t4"], "--shard goes with --sweep, training"),
     (["--step=3"], "--step goes with --eval_only or --export: --workdir DIR --eval_only "
                    "--step=N evaluates the checkpoint of step N, --export --step=N exports it"),
     (["--export", "--step=3", "--workdir="], "--workdir needs a directory"),
@@ -246,8 +248,9 @@ def test_launch_refuses_each_in_one_line_exit_2_nothing_compiled_the_workdir_as_
       "a config file without --config": (
           command("h", "experiments/char_lm.py"),
           "unexpected argument 'experiments/char_lm.py': launch.py takes flags only (--config "
-          "FILE[:ARGS], --config.KEY=VALUE, --workdir DIR, --sweep, --compile_only=TARGET, "
-          "--eval_only, --export, --step N, --verbose); for a config file write "
+          "FILE[:ARGS], --config.KEY=VALUE, --workdir DIR, --sweep, --workers N, --shard I/N, "
+          "--compile_only=TARGET, --eval_only, --export, --step N, --verbose); for a config "
+          "file write "
           "--config=experiments/char_lm.py"),
       "an export of no run": ([f"--workdir={root}/none", "--export"],
                               f"workdir {root}/none does not exist"),
