@@ -7,7 +7,8 @@
     python3 project.py long     # the long tier: the notebooks in quick mode, whole-preset
                                 # compiles, the multi-process run, the exhaustive grids
     python3 project.py bench [NAME [arguments]]   # NAME: recurrent, attention, attention_bound,
-                                # compile_targets, accelerator, lra_efficiency
+                                # compile_targets, accelerator, lra_efficiency,
+                                # sweep_workers
 
 `test` and `quick` run `ruff check .` first (the configuration in pyproject.toml) and stop
 there when it fails. `test` then runs its two tiers, each in its own environment: the unit
@@ -73,7 +74,8 @@ LINT = ["-m", "ruff", "check", "."]
 RECORDED = {"recurrent": ["--section", "all"], "attention": [], "attention_bound": [],
             "compile_targets": [], "lra_efficiency": []}
 BENCHMARKS = ("recurrent", "attention", "attention_bound")   # plain `bench` runs these
-ON_REQUEST = ("compile_targets", "accelerator", "lra_efficiency")   # by name only (minutes each)
+ON_REQUEST = ("compile_targets", "accelerator", "lra_efficiency",   # by name only (minutes
+              "sweep_workers")                                     # each)
 
 
 class UsageError(ValueError):

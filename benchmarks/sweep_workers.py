@@ -46,7 +46,7 @@ OVERRIDES = {"data.length": 12, "data.eval_examples": 64, "model.hidden_size": 1
 RATES = (0.01, 0.003, 0.001, 0.0003)
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   parser = cli.Parser(description=__doc__.splitlines()[0])
   parser.add_argument("--workers", type=cli.positive_int, default="2",
                       help="worker processes of the parallel sweep")
@@ -85,7 +85,7 @@ def without_perf(rows: list[dict]) -> list[dict]:
 
 
 def main():
-  args = parse()
+  args = parse_arguments()
   jax.config.update("jax_enable_compilation_cache", False)    # every point compiles
   config = apply_overrides(load_config(CONFIG)[0], {
       **OVERRIDES, "train.num_steps": args.steps, "train.eval_every": args.steps,

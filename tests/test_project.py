@@ -186,6 +186,8 @@ BAD_BENCHMARK_ARGUMENTS = [
      "--batch=2147483647 and --lengths up to 1024 would need", "available"),
     ("lra_efficiency", ["--lengths=1024,2147483647", "--tpu=", "--attentions=linear"],
      "--batch=1 and --lengths up to 2147483647 would need", "for a training step, but"),
+    ("sweep_workers", ["--workers=64"], "argument --workers", "give 2 to"),
+    ("sweep_workers", ["--steps=0"], "argument --steps", "positive integer"),
     ("accelerator", ["--output=."], "argument --output", "directory"),
     ("accelerator", ["--output=pyproject.toml/report.md"], "argument --output", "under a file"),
 ]
