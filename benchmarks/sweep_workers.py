@@ -1,6 +1,6 @@
 """A sweep's wall time with worker processes against the serial sweep, measured side by side.
 
-    python benchmarks/sweep_workers.py                  # 4 points, 2 workers, 3 repeats
+    python3 project.py bench sweep_workers              # 4 points, 2 workers, 3 repeats
     python benchmarks/sweep_workers.py --steps 3000 --repeats 1
 
 Four points of a small sequence_tasks config (an LSTM of width 16 on the adding task, four
