@@ -25,6 +25,7 @@ with jax_start.held_back("--verbose" not in sys.argv):   # JAX's plugins log on 
   from research.training.export import export_run
   from research.training.run import RestoreWarning, evaluate_checkpoint
   from research.training.sweep import parse_shard
+  from research.training.sweep_workers import keep_on_the_cpu
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 _CONFIG = flags.DEFINE_string("config", os.path.join(ROOT, "experiments", "nmt_dates.py"),
@@ -58,6 +59,8 @@ def train(parsed: command.Command) -> None:
   if target is None:
     command.TRAINING["workdir"] = workdir
     parallel.initialize(config)
+  if _SWEEP.value and _WORKERS.value > 1 and target is None:
+    keep_on_the_cpu(_WORKERS.value)        # the GPUs are the workers'
   start_backends()
   points = sweep_points(module, config) if _SWEEP.value else None
   if target is not None:
