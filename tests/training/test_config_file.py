@@ -10,7 +10,7 @@ from research.training import command
 from research.training.config import load_config
 
 sys.path.insert(0, tiny.ROOT)
-import launch  # noqa: E402 - defines launch.py's flags, which command.parse reads
+import launch  # noqa: E402, F401 - defines launch.py's flags, which command.parse reads
 
 
 @pytest.mark.parametrize("source, message", [
