@@ -9,6 +9,7 @@ import sys
 
 import jax
 import pytest
+from tiers import long_cases
 
 from research import jax_start
 
@@ -107,7 +108,8 @@ ENTRY_POINTS = {
 
 @pytest.mark.aot
 @pytest.mark.slow
-@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+@pytest.mark.parametrize("entry_point", long_cases(list(ENTRY_POINTS),   # (their fresh JAX
+                                                   {"pytest", "notebook", "benchmark"}))  # starts)
 def test_no_entry_point_prints_the_cuda_plugins_notices_without_a_gpu(entry_point):
   if not jax_start.cuda_notices_expected():
     pytest.skip("a GPU is visible here, or no CUDA plugin is installed")

@@ -278,7 +278,7 @@ def _cores_and_xla_threads() -> tuple[list[int], int]:
   return sorted(os.sched_getaffinity(0)), names.count("tf_XLAEigen")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_each_worker_runs_on_its_cores_and_xla_uses_as_many_threads(capsys):
   if len(CORES) < 2:
     pytest.skip("needs 2 CPU cores")
@@ -317,7 +317,7 @@ def _files(directory) -> dict:
   return contents
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_stop_signal_reaches_every_worker_once_and_each_point_keeps_a_checkpoint(tmp_path):
   """SIGTERM to the sweep while both workers train: each saves a checkpoint of its step and
   stops; the sweep raises WorkersStopped (a Stopped: launch.py's exit status for SIGTERM)
