@@ -54,30 +54,11 @@ def test_trains_once_compiled_and_fills_the_workdir(tmp_path, capsys):
   assert any(name.endswith(".xplane.pb") for name in os.listdir(os.path.dirname(trace)))
 
 
-class _PoisonedStream:
-  """Wraps a stream so that the batches of steps >= first_bad hold NaN inputs."""
-
-  def __init__(self, stream, first_bad):
-    self.stream, self.first_bad, self.batch_size = stream, first_bad, stream.batch_size
-
-  def __next__(self):
-    batch = next(self.stream)
-    if self.stream.get_state()["step"] >= self.first_bad:
-      batch = {**batch, "inputs": np.full_like(batch["inputs"], np.nan)}
-    return batch
-
-  def get_state(self):
-    return self.stream.get_state()
-
-  def set_state(self, state):
-    self.stream.set_state(state)
-
-
 def _poisoned(first_bad: int):
   """The tiny task, its training batches NaN from step first_bad on."""
   task = tiny.task()
   return task._replace(build=lambda config: task.build(config)._replace(
-      train_data=_PoisonedStream(task.build(config).train_data, first_bad=first_bad)))
+      train_data=tiny.PoisonedStream(task.build(config).train_data, first_bad=first_bad)))
 
 
 @pytest.mark.slow

@@ -27,7 +27,6 @@ from research.training import experiment as registry
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
 from research.training.config import apply_overrides
-from research.training.experiment import Report
 from research.training.run import UnreadableCheckpointWarning, evaluate_checkpoint
 from research.training.train_step import init_state, make_optimizer
 
@@ -39,21 +38,6 @@ pytestmark = pytest.mark.xdist_group("restore")   # one worker: its trained fixt
 
 KERNEL_REGRESSION = {"train.num_steps": 4, "train.log_every": 2, "train.eval_every": 2,
                      "train.checkpoint_every": 2}
-
-
-def _capturing(experiment, captured: list):
-  """The experiment whose workloads hand the parameters the loop ends with (those its report
-  gets) to `captured`, then report as the experiment does."""
-  def build(config):
-    workload = experiment.build(config)
-
-    def report(params):
-      captured.append(params)
-      return workload.report(params) if workload.report is not None else Report({})
-
-    return workload._replace(report=report)
-
-  return experiment._replace(build=build)
 
 
 def _leaves(tree) -> dict:
@@ -83,7 +67,7 @@ def trained(tmp_path_factory):
   of 2 steps resumed to 4 (checkpoints at 2 and 4)."""
   workdir = str(tmp_path_factory.mktemp("restore") / "run")
   captured = []
-  experiment = _capturing(experiments.get("kernel_regression"), captured)
+  experiment = tiny.capturing(experiments.get("kernel_regression"), captured)
   config = apply_overrides(kernel_regression.get_config(), KERNEL_REGRESSION)
   train_and_evaluate(apply_overrides(config, {"train.num_steps": 2}), workdir, experiment)
   final = train_and_evaluate(config, workdir, experiment)
@@ -332,7 +316,7 @@ from research.training import restore, train_and_evaluate
 
 captured = []
 train_and_evaluate(tiny.config(), {workdir!r},
-                   test_restore._capturing(experiments.get("sequence_tasks"), captured))
+                   tiny.capturing(experiments.get("sequence_tasks"), captured))
 np.savez({out!r} + "/captured.npz", **test_restore._leaves(captured[-1]))
 run = restore({one_device!r})          # kernel_regression's, trained on 1 device
 assert all(len(leaf.sharding.device_set) == 8 for leaf in jax.tree.leaves(run.params))

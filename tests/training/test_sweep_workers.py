@@ -168,31 +168,12 @@ def test_shards_split_the_points_and_write_one_summary(tmp_path, monkeypatch):
                                                                 "1.0"]
 
 
-class _NanFrom:
-  """A training stream whose batches hold NaN inputs from step `first_bad` on."""
-
-  def __init__(self, stream, first_bad: int):
-    self.stream, self.first_bad, self.batch_size = stream, first_bad, stream.batch_size
-
-  def __next__(self):
-    batch = next(self.stream)
-    if self.stream.get_state()["step"] >= self.first_bad:
-      batch = {**batch, "inputs": np.full_like(batch["inputs"], np.nan)}
-    return batch
-
-  def get_state(self):
-    return self.stream.get_state()
-
-  def set_state(self, state):
-    self.stream.set_state(state)
-
-
 def _build_diverging(config):
   """The tiny task's workload; at a learning rate above 0.05 its batches are NaN from step 5
   on (a rate too high, as a sweep finds one). Module-level: a worker imports it."""
   workload = tiny.task().build(config)
   if config.train.learning_rate > 0.05:
-    workload = workload._replace(train_data=_NanFrom(workload.train_data, first_bad=5))
+    workload = workload._replace(train_data=tiny.PoisonedStream(workload.train_data, first_bad=5))
   return workload
 
 

@@ -19,7 +19,6 @@ from research.errors import ConfigError
 from research.training import loop, provenance, warm_start
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints, leaves_by_path
-from research.training.experiment import Report
 from research.training.loop import train_and_evaluate
 from research.training.metrics import MetricsWriter
 from research.training.train_step import root_key
@@ -30,26 +29,12 @@ SOURCE = {"train.num_steps": 40, "train.checkpoint_every": 20, "train.eval_every
 WARM = {"train.num_steps": 10, "train.checkpoint_every": 10, "train.eval_every": 10}
 
 
-def _capturing(experiment, captured: list):
-  """The experiment whose workloads hand the parameters the loop ends with to `captured`."""
-  def build(config):
-    workload = experiment.build(config)
-
-    def report(params):
-      captured.append(params)
-      return workload.report(params) if workload.report is not None else Report({})
-
-    return workload._replace(report=report)
-
-  return experiment._replace(build=build)
-
-
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
   """(the workdir of a tiny run of 40 steps, checkpoints at 20 and 40, its final params as
   the loop held them)."""
   workdir, captured = str(tmp_path_factory.mktemp("source")), []
-  train_and_evaluate(tiny.config(**SOURCE), workdir, _capturing(tiny.task(), captured))
+  train_and_evaluate(tiny.config(**SOURCE), workdir, tiny.capturing(tiny.task(), captured))
   return workdir, jax.device_get(captured[0])
 
 

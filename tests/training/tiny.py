@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -184,3 +185,39 @@ def _writable(path: str) -> bool:
   except OSError:
     return False
   return True
+
+
+class PoisonedStream:
+  """Wraps a stream so that the batches of steps >= first_bad hold NaN inputs."""
+
+  def __init__(self, stream, first_bad):
+    self.stream, self.first_bad, self.batch_size = stream, first_bad, stream.batch_size
+
+  def __next__(self):
+    batch = next(self.stream)
+    if self.stream.get_state()["step"] >= self.first_bad:
+      batch = {**batch, "inputs": np.full_like(batch["inputs"], np.nan)}
+    return batch
+
+  def get_state(self):
+    return self.stream.get_state()
+
+  def set_state(self, state):
+    self.stream.set_state(state)
+
+
+def capturing(experiment, captured: list):
+  """The experiment whose workloads hand the parameters the loop ends with (those its report
+  gets) to `captured`, then report as the experiment does."""
+  from research.training.experiment import Report  # noqa: PLC0415
+
+  def build(config):
+    workload = experiment.build(config)
+
+    def report(params):
+      captured.append(params)
+      return workload.report(params) if workload.report is not None else Report({})
+
+    return workload._replace(report=report)
+
+  return experiment._replace(build=build)
