@@ -59,8 +59,8 @@ def train(parsed: command.Command) -> None:
   if target is None:
     command.TRAINING["workdir"] = workdir
     parallel.initialize(config)
-  if _SWEEP.value and _WORKERS.value > 1 and target is None:
-    keep_on_the_cpu(_WORKERS.value)        # the GPUs are the workers'
+    if _SWEEP.value and _WORKERS.value > 1:
+      keep_on_the_cpu(_WORKERS.value)      # the GPUs are the workers'
   start_backends()
   points = sweep_points(module, config) if _SWEEP.value else None
   if target is not None:
