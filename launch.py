@@ -1,8 +1,7 @@
-"""Trains an experiment (or its sweep's points), compiles it for a chip it needs not have,
-or evaluates or exports a trained run (docs/running.md: the flags, the exit statuses):
-python launch.py --config experiments/NAME.py[:ARGS] [--config.KEY=VALUE ...] [--workdir DIR]
-[--sweep [--workers N] [--shard I/N]] [--compile_only=TARGET]; python launch.py --workdir DIR
---eval_only|--export [--step N]. Without flags: the default experiment into runs/NAME-TIME."""
+"""Trains an experiment (or its sweep), compiles it for a chip it needs not have, or evaluates
+or exports a run (docs/running.md): launch.py --config experiments/NAME.py[:ARGS] [--config.KEY=V
+...] [--workdir DIR] [--sweep [--workers N] [--shard I/N]] [--compile_only=TARGET]; launch.py
+--workdir DIR --eval_only|--export [--step N]. No flags: the default experiment, runs/NAME-TIME."""
 
 import sys
 
@@ -49,8 +48,7 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "show tracebacks and the librarie
 
 
 def train(parsed: command.Command) -> None:
-  """Trains the config's experiment (every point of its sweep with --sweep) into --workdir,
-  or compiles its steps for --compile_only's target."""
+  """Trains the experiment (each point of its sweep with --sweep), or compiles it for a target."""
   config, module, target = parsed.config, parsed.module, parsed.target
   name = os.path.basename(_CONFIG.value.partition(":")[0])[:-3]
   workdir = _WORKDIR.value or os.path.join(ROOT, "runs", "-".join(
@@ -81,7 +79,7 @@ def train(parsed: command.Command) -> None:
 
 
 def evaluate() -> None:
-  """--eval_only: the checkpoint of --step (default: the latest that reads) of --workdir's run."""
+  """--eval_only: --workdir's checkpoint of --step (default: the latest that reads)."""
   start_backends()
   with command.warnings_as_lines(RestoreWarning):
     path, metrics = evaluate_checkpoint(_WORKDIR.value, _STEP.value)
@@ -90,7 +88,7 @@ def evaluate() -> None:
 
 
 def export() -> None:
-  """--export: the checkpoint of --step (default: the latest that reads) of --workdir's run."""
+  """--export: --workdir's checkpoint of --step (default: the latest that reads)."""
   start_backends()
   with command.warnings_as_lines(RestoreWarning), jax_start.held_back(not _VERBOSE.value):
     directory, metadata = export_run(_WORKDIR.value, _STEP.value)  # (the lowerings' logs)
@@ -100,8 +98,7 @@ def export() -> None:
 
 
 def start_backends() -> None:
-  """JAX's backends (the CPU alone where no accelerator is visible), their plugins' logs
-  held back unless --verbose, with the persistent compilation cache."""
+  """JAX's backends (the CPU alone without accelerators), quiet, with the compilation cache."""
   compile.enable_cache(_COMPILATION_CACHE.value, _COMPILATION_CACHE.present)
   jax_start.cpu_unless_accelerators()
   with jax_start.held_back(not _VERBOSE.value):
@@ -109,8 +106,7 @@ def start_backends() -> None:
 
 
 def run(argv: list[str]) -> None:
-  """Reads argv (command.parse: every refusal before anything compiles), then does the
-  command's work under absl, every error one line with its exit status."""
+  """Reads argv (every refusal before anything compiles), then runs the work under absl."""
   verbose = "--verbose" in argv
   app.define_help_flags()
   with command.ended(verbose):

@@ -4,8 +4,9 @@
     python tools/record_run.py runs/20261125-103000 results/main_job
     python tools/record_run.py --exploratory runs/probe results/exploratory/probe
 
-Kept: each run's config.json, final_metrics.json and metrics.jsonl, and a sweep's
-summary.csv / summary.md; checkpoints, TensorBoard files and plots stay behind (they can be
+Kept: each run's config.json, final_metrics.json, metrics.jsonl and provenance.jsonl, and a
+sweep's summary.csv / summary.md and sweep.json (what `research.predict.compare_runs` reads to
+rebuild the summary, commits and machines included); checkpoints, TensorBoard files and plots stay behind (they can be
 regenerated, and they are large). A run is a directory holding config.json or metrics.jsonl;
 every run under RUN_DIR must have finished (written final_metrics.json), or nothing is
 copied: a stopped run is no result. `--exploratory` records such runs (and runs that shared a
@@ -19,8 +20,8 @@ import os
 import shutil
 import sys
 
-RUN_FILES = ("config.json", "final_metrics.json", "metrics.jsonl")
-SWEEP_FILES = ("summary.csv", "summary.md")
+RUN_FILES = ("config.json", "final_metrics.json", "metrics.jsonl", "provenance.jsonl")
+SWEEP_FILES = ("summary.csv", "summary.md", "sweep.json")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPLORATORY = os.path.join("results", "exploratory")
 
