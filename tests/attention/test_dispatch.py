@@ -90,6 +90,7 @@ def test_auto_never_picks_an_interpreted_kernel():
     implementation = registry.get(name)
     for platform in implementation.interpreted:
       request = Request(causal=True, platform=platform, **LONG)
+      assert name not in registry.candidates(request)
       assert registry.choose(request).name != name
 
 

@@ -68,9 +68,9 @@ def test_a_named_kernel_is_the_real_one_on_its_platform_and_refused_elsewhere(na
                                                    implementation=name)).trace(q)
   assert kernel in _kernels(traced.lower(lowering_platforms=(native,)))
   for platform in {"cpu", "cuda", "tpu"} - {native}:
-    if platform == "cpu" and name.startswith("pallas"):
-      lowered = traced.lower(lowering_platforms=("cpu",)).as_text()   # Pallas' interpreter
-      assert not _kernels(traced.lower(lowering_platforms=("cpu",))) and "while" in lowered
+    if platforms.LOWERING[platform] in registry.get(name).interpreted:   # Pallas' interpreter:
+      lowered = traced.lower(lowering_platforms=(platform,))      # pallas_gpu on a CPU,
+      assert not _kernels(lowered) and "while" in lowered.as_text()   # pallas_tpu on a CPU or GPU
       continue
     with pytest.raises(registry.ImplementationError, match=f"implementation='{name}' cannot"):
       traced.lower(lowering_platforms=(platform,))

@@ -1,6 +1,6 @@
 """`pallas_tpu` (splash attention) against jax.nn.dot_product_attention with a mask built here in
 NumPy from the rule of `masks.Visibility`: outputs and gradients, float32 and bfloat16, in
-Pallas' interpreter on the CPU (tiles of 128, so lengths of a few hundred); its block
+Pallas' interpreter on a CPU or GPU (tiles of 128, so lengths of a few hundred); its block
 information against its own mask function; its lowering for a TPU (Mosaic kernels, not an
 interpreted loop); and a native run on a TPU."""
 

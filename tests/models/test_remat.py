@@ -69,7 +69,13 @@ def loss_and_grads(model, inputs):
   return jax.value_and_grad(loss)
 
 
+# At full float32 products: the test is about what remat recomputes, not about precision.
+# At JAX's default on a GPU (TF32 products, 10-bit mantissas) LRU's gradients with and
+# without remat differed by up to 1.8e-3 relative on an H200
+# (results/accelerator/h200_pass2/suite_core.log): TF32 products recomputed in another
+# fusion round differently.
 @pytest.mark.slow
+@pytest.mark.usefixtures("highest_precision")
 @pytest.mark.parametrize("name", long_cases(list(MODELS), LONG))
 def test_remat_keeps_the_names_outputs_and_gradients(name):
   make, inputs = MODELS[name]

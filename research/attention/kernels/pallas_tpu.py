@@ -3,7 +3,8 @@
 JAX's splash attention kernels (`jax.experimental.pallas.ops.tpu.splash_attention`), with
 our patterns as their static masks, visit only the tiles in which some query sees some key.
 On a TPU they are compiled by Mosaic; on any other backend they run through Pallas'
-interpreter, slowly but exactly: registered as interpreted on the CPU, for tests.
+interpreter (plain XLA operations), slowly but exactly: registered as interpreted on CPUs and
+GPUs, for tests, taken by name only ("auto" never runs an interpreted kernel).
 """
 
 import functools
@@ -304,5 +305,5 @@ registry.register(registry.Implementation(
     "pallas_tpu", pallas_tpu_attention, window="optional", global_tokens=True,
     block_sparse=True, key_value_seq_lengths=True, gqa=True,
     dtypes=frozenset({"float32", "bfloat16"}),
-    platforms=frozenset({"tpu"}), interpreted=frozenset({"cpu"}), refuses=refusals,
+    platforms=frozenset({"tpu"}), interpreted=frozenset({"cpu", "gpu"}), refuses=refusals,
     auto_rank=0))
