@@ -18,7 +18,8 @@ that machine noise hits each alike; ratios are ours / peer (below 1.0: we are fa
   ours                  research.recurrent.{LSTM, GRU, RNN}(hidden_size=H, num_layers,
                         bidirectional, dtype)
   torch cuDNN / torch   torch.nn.{LSTM, GRU, RNN}(D, H, num_layers, bidirectional,
-                        batch_first=True): on CUDA (cuDNN) when JAX's backend is a GPU and
+                        batch_first=True): on CUDA (cuDNN; the weights in its one buffer,
+                        bfloat16 included: `flattened`) when JAX's backend is a GPU and
                         torch sees CUDA, else on the CPU (oneDNN, as many threads as cores)
   jax.experimental.rnn  JAX's cuDNN LSTM (`lstm`, weights from `init_lstm_weight`):
                         GPU backend and LSTM only; never imported on the CPU
@@ -81,6 +82,7 @@ import argparse
 import os
 import sys
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX and torch share a GPU
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -215,11 +217,36 @@ def jax_cudnn_lstm_step(layers: int, bidirectional: bool, x: jax.Array, cotangen
   return compiled_step(loss, weights.astype(x.dtype), x, cotangent, state, state, lengths)
 
 
+def flattened(module: torch.nn.RNNBase) -> torch.nn.RNNBase:
+  """module with its weights in the one contiguous buffer cuDNN reads: otherwise cuDNN
+  copies them into one on every call, and a timing includes the copy. Called after every
+  dtype or device move (a move re-creates the weights).
+
+  torch's `flatten_parameters` does nothing for bfloat16: it asks
+  `torch.backends.cudnn.is_acceptable`, which takes half, float and double only, yet torch
+  runs a bfloat16 RNN on cuDNN, which then compacted the weights on every call (the "not
+  part of single contiguous chunk of memory" warning of
+  results/accelerator/h200_pass2/recurrent.log). Here a bfloat16 tensor is acceptable where
+  a float32 one on its device would be. On CUDA, weights left in more than one buffer raise
+  (the row's peer is then not run, its reason printed below the table)."""
+  cudnn = torch.backends.cudnn
+  acceptable = cudnn.is_acceptable
+  as_float32 = lambda t: acceptable(t.new_empty(0, dtype=torch.float32))
+  with mock.patch.object(cudnn, "is_acceptable", lambda t: acceptable(t) or (
+      t.dtype == torch.bfloat16 and as_float32(t))):
+    module.flatten_parameters()
+  weights = module._flat_weights  # pylint: disable=protected-access  # what cuDNN reads
+  buffers = {w.untyped_storage().data_ptr() for w in weights}
+  if weights[0].is_cuda and len(buffers) != 1:
+    raise RuntimeError(f"torch's {type(module).__name__} weights in {len(buffers)} buffers after "
+                       f"flatten_parameters ({weights[0].dtype}): cuDNN would copy them every call")
+  return module
+
+
 def torch_step(module: torch.nn.Module, x: np.ndarray, cotangent: np.ndarray,
                device: torch.device, dtype: torch.dtype):
   """fn() running module's forward and backward(cotangent) on device, waiting for it."""
-  module = module.to(device=device, dtype=dtype)
-  module.flatten_parameters()   # one contiguous weight buffer: cuDNN would compact every call
+  module = flattened(module.to(device=device, dtype=dtype))
   x = torch.from_numpy(x).to(device=device, dtype=dtype).requires_grad_(True)
   cotangent = torch.from_numpy(cotangent).to(device=device, dtype=dtype)
   synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
@@ -262,8 +289,9 @@ def peers(shape: str, cell: str, dtype: str, backend: str, device: torch.device,
                               dtype=jax_dtype), jx, jcotangent)
   torch_name = "torch cuDNN" if device.type == "cuda" else "torch"
   if "torch" in chosen:
-    fns[torch_name] = torch_step(torch_cls(d, h, num_layers=layers, bidirectional=bidirectional,
-                                           batch_first=True), x, cotangent, device, torch_dtype)
+    optional_peer(fns, notes, torch_name, lambda: torch_step(
+        torch_cls(d, h, num_layers=layers, bidirectional=bidirectional, batch_first=True),
+        x, cotangent, device, torch_dtype))
   if backend == "gpu" and cell == "lstm" and "jax_rnn" in chosen:
     optional_peer(fns, notes, "jax.experimental.rnn",
                   lambda: jax_cudnn_lstm_step(layers, bidirectional, jx, jcotangent, h))
