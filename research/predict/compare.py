@@ -12,15 +12,16 @@ from collections import Counter
 
 from research import files
 from research.errors import ConfigError, InputError, WorkdirError
-from research.training import provenance
 from research.training.workdir import (
   ADDED_KEYS,
   CONFIG,
   FINAL_METRICS,
+  PROVENANCE,
   SWEEP_RECORD,
   flatten,
   read_config_json,
   read_json,
+  read_provenance,
 )
 
 PANDAS_INSTALL = 'pip install -e ".[compare]"'
@@ -65,7 +66,7 @@ def compare_runs(paths) -> "pandas.DataFrame":  # noqa: F821
   pandas = _pandas()
   workdirs = _first_of_each(w for path in _listed(paths) for w in run_workdirs(path))
   configs = _with_added_keys([_config(workdir) for workdir in workdirs])
-  records = [provenance.read(workdir) for workdir in workdirs]
+  records = [read_provenance(workdir) for workdir in workdirs]
   differing = _differing_keys([config for config in configs if config is not None])
   rows = [_row(workdir, config, starts, differing)
           for workdir, config, starts in zip(workdirs, configs, records)]
@@ -207,7 +208,7 @@ def _warn_if_mixed(workdirs: list[str], configs: list, records: list[list[dict]]
   unrecorded = [w for w, c, starts in zip(workdirs, configs, records) if c and not starts]
   if unrecorded:
     _warn(f"{len(unrecorded)} of {len(started)} rows record no provenance "
-          f"({provenance.FILE}; {unrecorded[0]} first): whether they mix commits or devices "
+          f"({PROVENANCE}; {unrecorded[0]} first): whether they mix commits or devices "
           "is unknown")
   for what, values in (("commits", _commit), ("devices", _devices)):
     counts = _row_counts(started, values)

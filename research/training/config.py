@@ -14,7 +14,8 @@ import jax
 import ml_collections
 
 from research.errors import ConfigError
-from research.training import parallel, warm_start
+from research.training import parallel
+from research.training.checkpoints import parse_warm_start
 from research.training.metrics import WANDB_MODES, check_profile_steps, check_wandb_installed
 from research.training.parallel import STRATEGIES
 from research.training.train_step import SCHEDULES
@@ -91,7 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.keep_checkpoints = 3
   # "FIRST,LAST": a jax.profiler trace of those steps in <workdir>/profile (metrics.Profiler)
   config.train.profile_steps = ""
-  # A warm start (research/training/warm_start.py): "WORKDIR" or "WORKDIR:STEP" (default: its
+  # A warm start (research/training/checkpoints.py): "WORKDIR" or "WORKDIR:STEP" (default: its
   # latest checkpoint that reads), the other run whose parameters this one starts from; ""
   # none. Those whose '/'-joined path init_params matches whole are taken, the rest fresh.
   config.train.init_from = ""
@@ -344,7 +345,7 @@ def check_shared_values(config) -> None:
   check_divides(config, "train.log_every", "train.checkpoint_every")
   check_divides(config, "train.grad_accum_steps", "train.batch_size")
   check_profile_steps(config)
-  warm_start.parse(config.train)
+  parse_warm_start(config.train)
   parallel.check_distributed(config)
   check_numbers(config)
 

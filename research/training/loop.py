@@ -19,9 +19,14 @@ import numpy as np
 
 from research import files
 from research.errors import ConfigError, RunFailed
-from research.training import command, parallel, provenance, warm_start
+from research.training import command, parallel
 from research.training import workdir as workdirs
-from research.training.checkpoints import Checkpoints
+from research.training.checkpoints import (
+  Checkpoints,
+  find_warm_start,
+  read_warm_start,
+  warm_started,
+)
 from research.training.command import Interrupted, Stopped
 from research.training.compile import (
   CompiledPerShape,
@@ -61,12 +66,14 @@ from research.training.workdir import (
   LOSS_PLOT,
   METRICS_FILE,
   PROFILE,
+  PROVENANCE,
   TENSORBOARD,
   WANDB,
   check_config,
   decoded,
   encoded,
   flatten,
+  record_provenance,
   write_json,
 )
 
@@ -179,10 +186,10 @@ def train(config, workdir: str, experiment: Experiment,
     with workdirs.hold(workdir) as lease, WandbRun(config.wandb, workdir) as wandb_run:
       # ---- The workdir's checks (nothing written before the steps compile) -------------------
       workdirs.check_entries(workdir, files=(CONFIG, METRICS_FILE, FINAL_METRICS, LOSS_PLOT,
-                                             provenance.FILE),
+                                             PROVENANCE),
                              directories=(CHECKPOINTS, TENSORBOARD, WANDB, PROFILE))
       taking_over = check_config(config, workdir)
-      source = warm_start.find(config, workdir)    # None: no init_from, or the run resumes
+      source = find_warm_start(config, workdir)    # None: no init_from, or the run resumes
       if on_start is not None:
         lease.on_start(on_start)
       if taking_over and jax.process_index() == 0:
@@ -194,14 +201,14 @@ def train(config, workdir: str, experiment: Experiment,
       if experiment.generates_data is not None and experiment.generates_data(config):
         largest = experiment.build_shapes(config)  # the largest step, before making the data
         if source is not None:                     # a warm start's refusals before it too
-          taken = warm_start.read(source, largest.init, steps.keys[0], strategy.state_sharding)
+          taken = read_warm_start(source, largest.init, steps.keys[0], strategy.state_sharding)
         steps.build(largest).train(next(own_rows(largest.train_data)))
         steps.traces = 0
       workload = experiment.build(config)
       own_rows(workload.train_data)
       steps.build(workload)
       if source is not None and taken is None:     # before anything compiles
-        taken = warm_start.read(source, workload.init, steps.keys[0], strategy.state_sharding)
+        taken = read_warm_start(source, workload.init, steps.keys[0], strategy.state_sharding)
       host_batch = next(workload.train_data)
       steps.train(host_batch)
       steps.eval.compile(workload.eval_data[0])
@@ -223,11 +230,11 @@ def train(config, workdir: str, experiment: Experiment,
           print(f"resuming from the checkpoint at step {start}", file=sys.stderr, flush=True)
       elif train.init_from:
         if taken is None:                     # its own checkpoints were there, none of them read
-          taken = warm_start.read(warm_start.find(config, workdir), workload.init, steps.keys[0],
+          taken = read_warm_start(find_warm_start(config, workdir), workload.init, steps.keys[0],
                                   strategy.state_sharding)
-        state = warm_start.started(state, taken, steps.optimizer, strategy.state_sharding)
+        state = warm_started(state, taken, steps.optimizer, strategy.state_sharding)
       with _writing(workdir):                 # the code, versions, devices and command of this start
-        provenance.record(workdir, start, taken and taken.record)
+        record_provenance(workdir, start, taken and taken.record)
       hyperparameters = flatten(json.loads(config.to_json_best_effort()))
       wandb_run.start(hyperparameters, resumed=restored is not None)
       writer = MetricsWriter(workdir, resume_step=start, config=hyperparameters, wandb_run=wandb_run)

@@ -18,7 +18,7 @@ import ml_collections
 from research import files
 from research.errors import CheckpointMismatchError, ConfigError, UserError, WorkdirError
 from research.training import experiment as registry
-from research.training import parallel, provenance
+from research.training import parallel
 from research.training.checkpoints import read_params
 from research.training.config import base_config, check_like, check_shared_values
 from research.training.experiment import Experiment
@@ -34,9 +34,13 @@ from research.training.workdir import (
   CONFIG,
   SWEEP_RECORD,
   flatten,
+  provenance_differences,
   read_config_json,
   read_history,
+  read_provenance,
   refuse_renamed,
+  running_devices,
+  running_versions,
   saved_steps,
   write_json,
 )
@@ -81,7 +85,7 @@ class Run:
                  "train/loss": ...}: later steps than `step` for an earlier checkpoint or a
                  live run)
     provenance   provenance.jsonl's records, one per start of the run, oldest first
-                 (research/training/provenance.py; [] for runs of earlier versions)
+                 (workdir.read_provenance; [] for runs of earlier versions)
 
   and `run.apply(*args, **kwargs)`, model.apply({"params": params}, *args, **kwargs).
   """
@@ -146,10 +150,10 @@ def restore(workdir: str | os.PathLike, step: int | None = None) -> Run:
   model, init, extras = build_model(config, experiment, workdir)
   like = parallel.MeshStrategy().abstract_state(abstract_params(init, experiment, workdir))
   step, params, unreadable = read_readable(directory, steps, step, like)
-  records = provenance.read(workdir)
+  records = read_provenance(workdir)
   if records:
-    changed = provenance.differences(records[-1], {"versions": provenance.versions(),
-                                                   "devices": provenance.devices()})
+    changed = provenance_differences(records[-1], {"versions": running_versions(),
+                                                   "devices": running_devices()})
     if changed:
       warnings.warn(f"{workdir} was trained with other versions or devices than these "
                     f"({changed}): outputs may differ from the run's in their last bits",

@@ -1,6 +1,7 @@
 """The workdir's rules: its file names, the config record and what a resume may change, keys
-renamed since, the metrics' history, and one writer at a time (run.lock), leaving a refused
-run's workdir as it was found (docs/running.md, "The workdir")."""
+renamed since, the metrics' history, where each start came from (provenance.jsonl), and one
+writer at a time (run.lock), leaving a refused run's workdir as it was found (docs/running.md,
+"The workdir"; docs/trained_runs.md, "Where a run came from")."""
 
 import contextlib
 import datetime
@@ -9,13 +10,21 @@ import fcntl
 import json
 import math
 import os
+import platform
 import socket
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import flax
 import jax
+import jaxlib
+import optax
+import orbax.checkpoint as ocp
 
+import research
 from research import files
 from research.errors import ConfigError, WorkdirError, excerpt
 from research.files import ProbeLeft, write_probe
@@ -25,6 +34,7 @@ LOCK_FILE, CONFIG, METRICS_FILE, FINAL_METRICS = ("run.lock", "config.json", "me
                                                   "final_metrics.json")
 LOSS_PLOT, CHECKPOINTS, TENSORBOARD = "loss.png", "checkpoints", "tensorboard"
 PROFILE, WANDB = "profile", "wandb"     # jax.profiler's traces; the W&B run's files
+PROVENANCE = "provenance.jsonl"         # one line per start or resume: where it came from
 SWEEP_RECORD = "sweep.json"      # in a sweep's root workdir (research/training/sweep.py)
 SHARDS = "sweep shards, each named in its shard-I-of-N.lock"   # run.lock's text while shared
 MAX_BYTES = 2**20       # a run's config.json holds a few KiB
@@ -303,6 +313,128 @@ def parse_record(line: bytes) -> dict | None:
   except ValueError:
     return None
   return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+
+
+# ---- Where a run came from ----------------------------------------------------------------
+# provenance.jsonl: one JSON line per start or resume (its step, command, checkout, versions
+# and devices; where a warm start's parameters came from), which research.training.restore
+# returns, warning when today's versions or devices differ from the last start's.
+GIT_SECONDS = 10          # git answers in milliseconds; a hung filesystem must not stop a run
+
+
+def running_versions() -> dict[str, str]:
+  """{"python", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "research"}: the
+  version of each, as the running modules give it."""
+  modules = {"jax": jax, "jaxlib": jaxlib, "flax": flax, "optax": optax,
+             "orbax-checkpoint": ocp, "research": research}
+  return {"python": platform.python_version(),
+          **{name: str(module.__version__) for name, module in modules.items()}}
+
+
+def running_devices() -> dict:
+  """The devices JAX runs on: platform, kind (of device 0), count (of every process) and
+  processes."""
+  device = jax.devices()[0]
+  return {"platform": device.platform, "kind": device.device_kind,
+          "count": jax.device_count(), "processes": jax.process_count()}
+
+
+def git_state(directory: str) -> dict:
+  """{"commit": HEAD's hash, "changes": whether tracked files differ from it} of the git
+  checkout holding `directory`, or {"commit": None, "reason": why there is none}."""
+  def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", directory, *args], capture_output=True, text=True,
+                          timeout=GIT_SECONDS, check=True).stdout.strip()
+
+  try:
+    commit = git("rev-parse", "HEAD")
+    changes = bool(git("status", "--porcelain", "--untracked-files=no"))
+  except FileNotFoundError:
+    return {"commit": None, "reason": "git is not installed"}
+  except subprocess.TimeoutExpired:
+    return {"commit": None, "reason": f"git did not answer in {GIT_SECONDS} s"}
+  except subprocess.CalledProcessError as error:
+    lines = (error.stderr or "").strip().splitlines()
+    reason = lines[0] if lines else f"git exited with status {error.returncode}"
+    return {"commit": None,
+            "reason": "not a git checkout" if "not a git repository" in reason else reason}
+  return {"commit": commit, "changes": changes}
+
+
+def start_record(step: int) -> dict:
+  """This process's record, for a run starting from `step` (a start or a resume):
+
+    {"time": "2025-01-31T12:00:00+00:00", "step": 0,         the step it starts from
+     "argv": ["launch.py", "--config", ...],                 sys.argv
+     "git": {"commit": "<40 hex digits>", "changes": false}, the package's checkout, changes
+                                                             to its tracked files; or
+            {"commit": null, "reason": "not a git checkout"} (no git, a copy, an installed
+                                                             wheel)
+     "versions": {"python": "3.11.7", "jax": ..., "jaxlib": ..., "flax": ..., "optax": ...,
+                  "orbax-checkpoint": ..., "research": ...},
+     "devices": {"platform": "cpu", "kind": "cpu", "count": 8, "processes": 1}}
+  """
+  return {"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+          "step": step, "argv": list(sys.argv),
+          "git": git_state(os.path.dirname(os.path.abspath(research.__file__))),
+          "versions": running_versions(), "devices": running_devices()}
+
+
+def _provenance_lines(workdir: str) -> list[str]:
+  """The non-empty lines of the workdir's provenance.jsonl ([] where there is none)."""
+  try:
+    with open(os.path.join(workdir, PROVENANCE), encoding="utf-8", errors="replace") as f:
+      return [line for line in f.read().splitlines() if line.strip()]
+  except FileNotFoundError:
+    return []
+
+
+def read_provenance(workdir: str) -> list[dict]:
+  """The workdir's records, oldest first ([] where there is no file, or for a run of an
+  earlier version); a line that is not a JSON object (edited by hand) is left out."""
+  records = []
+  for line in _provenance_lines(workdir):
+    try:
+      value = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(value, dict):
+      records.append(value)
+  return records
+
+
+def record_provenance(workdir: str, step: int, init_from: dict | None = None) -> None:
+  """Appends `start_record(step)` to the workdir's provenance.jsonl, with "init_from" for a
+  warm start (where its parameters came from: {"workdir": the other run's, absolute, "step":
+  its checkpoint's, "params_taken": how many parameter arrays of "params_total" the model
+  has}; checkpoints.read_warm_start): process 0 rewrites the file whole, its earlier lines as
+  they were."""
+  if jax.process_index() != 0:
+    return
+  line = start_record(step) | ({"init_from": init_from} if init_from else {})
+  lines = [*_provenance_lines(workdir), json.dumps(line)]
+  files.write_text(os.path.join(workdir, PROVENANCE), "\n".join(lines) + "\n")
+
+
+def provenance_differences(recorded: dict, today: dict) -> str:
+  """The versions and devices of `today` (a `start_record`) that differ from those
+  `recorded`, in words ("jax 0.4.30 then, 0.10.2 now; devices 8 × cpu then, 1 × cpu now");
+  '' when none do. What a record lacks is not compared."""
+  changed = []
+  then, now = recorded.get("versions") or {}, today["versions"]
+  changed += [f"{name} {then[name]} then, {now[name]} now" for name in now
+              if name in then and then[name] != now[name]]
+  then, now = recorded.get("devices") or {}, today["devices"]
+  if then and any(key in then and then[key] != now[key] for key in now):
+    changed.append(f"devices {_devices_in_words(then)} then, {_devices_in_words(now)} now")
+  return "; ".join(changed)
+
+
+def _devices_in_words(record: dict) -> str:
+  """'8 × cpu', '16 × TPU v5 lite in 4 processes'."""
+  processes = record.get("processes", 1)
+  return (f"{record.get('count')} × {record.get('kind')}"
+          + (f" in {processes} processes" if processes != 1 else ""))
 
 
 # ---- One writer at a time -----------------------------------------------------------------

@@ -22,7 +22,7 @@ import tiny
 
 from research import experiments
 from research.errors import CheckpointMismatchError, ConfigError, WorkdirError
-from research.training import ProvenanceWarning, provenance, restore, train_and_evaluate
+from research.training import ProvenanceWarning, restore, train_and_evaluate
 from research.training import experiment as registry
 from research.training import workdir as workdirs
 from research.training.checkpoints import Checkpoints
@@ -126,7 +126,7 @@ def test_eval_only_reproduces_the_runs_evaluations_and_report_into_a_file_of_its
 def test_provenance_records_each_start_of_the_run(trained):
   workdir = trained[0]
   records = restore(workdir).provenance
-  assert records == provenance.read(workdir)
+  assert records == workdirs.read_provenance(workdir)
   assert [r["step"] for r in records] == [0, 2]                # the start, then the resume
   packages = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint")
   git = lambda *args: subprocess.run(["git", "-C", tiny.ROOT, *args], capture_output=True,
@@ -147,9 +147,9 @@ def test_provenance_records_each_start_of_the_run(trained):
 
 
 def test_without_git_or_a_checkout_the_record_says_so(tmp_path, monkeypatch):
-  assert provenance.git_state(str(tmp_path)) == {"commit": None, "reason": "not a git checkout"}
+  assert workdirs.git_state(str(tmp_path)) == {"commit": None, "reason": "not a git checkout"}
   monkeypatch.setenv("PATH", str(tmp_path))
-  assert provenance.git_state(tiny.ROOT) == {"commit": None, "reason": "git is not installed"}
+  assert workdirs.git_state(tiny.ROOT) == {"commit": None, "reason": "git is not installed"}
 
 
 @pytest.mark.slow
@@ -159,7 +159,7 @@ def test_restore_warns_in_one_line_when_versions_or_devices_differ(trained, tmp_
   with warnings.catch_warnings():
     warnings.simplefilter("error", ProvenanceWarning)
     restore(workdir)                                            # the same: no warning
-  records = provenance.read(workdir)
+  records = workdirs.read_provenance(workdir)
   records[-1]["versions"]["jax"] = "0.4.30"
   records[-1]["devices"]["count"] = 8
   with open(os.path.join(workdir, "provenance.jsonl"), "w") as f:

@@ -16,9 +16,16 @@ import pytest
 import tiny
 
 from research.errors import ConfigError
-from research.training import loop, provenance, warm_start
+from research.training import loop
 from research.training import workdir as workdirs
-from research.training.checkpoints import Checkpoints, leaves_by_path
+from research.training.checkpoints import (
+  Checkpoints,
+  WarmSource,
+  leaves_by_path,
+  merged,
+  parse_warm_start,
+  read_warm_start,
+)
 from research.training.loop import train_and_evaluate
 from research.training.metrics import MetricsWriter
 from research.training.train_step import root_key
@@ -57,14 +64,14 @@ def test_a_warm_run_evaluates_as_its_source_at_step_0_trains_on_and_resumes_its_
   assert {**evaluations[0], "step": 20} == at_20                    # the source's, exactly
   assert evaluations[1]["eval/loss"] != evaluations[0]["eval/loss"]  # and trains on
   assert [record["step"] for record in tiny.records(warm) if "train/loss" in record] == [10]
-  (start,) = provenance.read(warm)
+  (start,) = workdirs.read_provenance(warm)
   assert start["step"] == 0 and start["init_from"] == {
       "workdir": os.path.abspath(copy), "step": 20,
       "params_taken": len(leaves_by_path(params)), "params_total": len(leaves_by_path(params))}
 
   shutil.rmtree(copy)                      # the resume would fail, were it read again
   train_and_evaluate(tiny.config(**{**overrides, "train.num_steps": 20}), warm, tiny.task())
-  records = provenance.read(warm)
+  records = workdirs.read_provenance(warm)
   assert [record["step"] for record in records] == [0, 10] and "init_from" not in records[1]
   assert [record["step"] for record in _evaluations(warm)] == [0, 10, 20]
   with pytest.raises(ConfigError, match=re.escape(
@@ -91,9 +98,9 @@ def test_a_pattern_takes_the_parameters_it_matches_whole_the_rest_fresh(source, 
   workdir, trained = source
   config = tiny.config(**{"train.init_from": workdir, "train.init_params": pattern})
   workload, key, fresh = _fresh(config)
-  read = warm_start.read(warm_start.parse(config.train), workload.init, key,
+  read = read_warm_start(parse_warm_start(config.train), workload.init, key,
                          jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-  started = leaves_by_path(jax.device_get(warm_start.merged(workload.init(key), read)))
+  started = leaves_by_path(jax.device_get(merged(workload.init(key), read)))
   assert set(started) == set(leaves_by_path(fresh))
   for path, value in started.items():
     expected = leaves_by_path(trained if path in taken else fresh)[path]
@@ -107,7 +114,7 @@ def test_a_pattern_takes_what_fits_from_a_model_of_other_sizes(source):
   config = tiny.config(**{"train.init_from": workdir, "train.init_params": "head/bias",
                           "model.hidden_size": 32})
   workload, key, _ = _fresh(config)
-  read = warm_start.read(warm_start.parse(config.train), workload.init, key,
+  read = read_warm_start(parse_warm_start(config.train), workload.init, key,
                          jax.sharding.SingleDeviceSharding(jax.devices()[0]))
   assert np.array_equal(leaves_by_path(read.params)["head/bias"], trained["head"]["bias"])
 
@@ -204,8 +211,8 @@ def test_a_checkpoint_of_other_dtypes_is_read_in_the_models(tmp_path):
   checkpoints.save(5, {"params": saved, "opt_state": jnp.zeros(2)}, {})
   checkpoints.close()
   fresh = lambda key: {"dense": {"kernel": jnp.zeros((2, 3))}, "bias": jnp.zeros(3)}
-  source = warm_start.Source(str(tmp_path), str(tmp_path), None, re.compile(".*"))
-  read = warm_start.read(source, fresh, jax.random.key(0),
+  source = WarmSource(str(tmp_path), str(tmp_path), None, re.compile(".*"))
+  read = read_warm_start(source, fresh, jax.random.key(0),
                          jax.sharding.SingleDeviceSharding(jax.devices()[0]))
   for path, value in leaves_by_path(read.params).items():
     expected = np.asarray(leaves_by_path(saved)[path]).astype(np.float32)
