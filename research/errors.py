@@ -38,3 +38,12 @@ def excerpt(text: str, limit: int = 60) -> str:
   if len(text) <= limit:
     return repr(text)
   return f"{text[:limit // 2]!r}…{text[-limit // 2:]!r} ({len(text)} characters)"
+
+
+def first_line(error: BaseException, limit: int = 240) -> str:
+  """'Type: the first line of its message', the type once though wrappers repeat it; a longer
+  line keeps its two ends, since an OS's reason ('File too large') comes last, after a path."""
+  name, text = type(error).__name__, str(error).strip().splitlines()
+  line = text[0] if text else ""
+  line = line if len(line) <= limit else f"{line[:limit // 3]} … {line[-2 * limit // 3:]}"
+  return line if line.startswith(name) else f"{name}: {line}".rstrip(": ")

@@ -17,7 +17,13 @@ import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
-from research.errors import CheckpointMismatchError, ConfigError, RunFailed, WorkdirError
+from research.errors import (
+  CheckpointMismatchError,
+  ConfigError,
+  RunFailed,
+  WorkdirError,
+  first_line,
+)
 from research.training import parallel
 from research.training.workdir import CHECKPOINTS, SWEEP_RECORD, saved_steps, unused_path
 
@@ -92,7 +98,7 @@ class Checkpoints:
       raise self._save_error(step, None)
 
   def _save_error(self, step: int, error: Exception | None) -> CheckpointSaveError:
-    reason = _first_line(error) if error is not None else _disk_hint(self.directory)
+    reason = first_line(error) if error is not None else _disk_hint(self.directory)
     kept = [s for s in self.manager.all_steps() if s != step]
     last = f"step {max(kept)}" if kept else "none yet"
     return CheckpointSaveError(
@@ -140,7 +146,7 @@ class Checkpoints:
     if jax.process_index() == 0:
       aside = unused_path(os.path.join(f"{self.directory}{UNREADABLE_SUFFIX}", str(step)))
       logging.warning("checkpoint at step %d cannot be read (%s); moved to %s, falling back "
-                      "to the previous checkpoint", step, _first_line(error), aside)
+                      "to the previous checkpoint", step, first_line(error), aside)
       os.makedirs(os.path.dirname(aside), exist_ok=True)
       shutil.move(os.path.join(self.directory, str(step)), aside)
     parallel.barrier(f"checkpoint {step} set aside")
@@ -189,7 +195,7 @@ def read_params(directory: str, step: int, like_params, only: re.Pattern | None 
     handler.close()
   if error is not None:
     raise WorkdirError(f"the checkpoint at step {step} in {directory} cannot be read "
-                       f"({_first_line(error)})") from error
+                       f"({first_line(error)})") from error
   return restored["params"]
 
 
@@ -246,13 +252,6 @@ def first_difference(saved: dict[str, tuple], model: dict[str, tuple]) -> str | 
     if saved[path] != model[path]:
       return f"{path} has shape {saved[path]} in the checkpoint and {model[path]} in the model"
   return None
-
-
-def _first_line(error: Exception) -> str:
-  """'Type: first line of the message' (once, though wrappers repeat the type)."""
-  name, text = type(error).__name__, str(error).strip().splitlines()
-  line = text[0][:200] if text else ""
-  return line if line.startswith(name) else f"{name}: {line}".rstrip(": ")
 
 
 def _disk_hint(directory: str) -> str:

@@ -11,7 +11,6 @@ import re
 import signal
 import sys
 import threading
-import traceback
 import types
 import warnings
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import ml_collections
 from absl import flags, logging
 
 from research.aot import targets
-from research.errors import ConfigError, RunFailed, UserError
+from research.errors import ConfigError, RunFailed, UserError, first_line
 from research.training.config import (
   apply_overrides,
   check_key,
@@ -81,7 +80,7 @@ class _Watch:
     if args.exc_type is SystemExit:       # a thread's sys.exit(): not an error to Python
       return
     name = args.thread.name if args.thread is not None else "a thread"
-    self.record(f"thread {name!r} failed: {_first_line(args.exc_value)}")
+    self.record(f"thread {name!r} failed: {first_line(args.exc_value)}")
 
   def unraisable(self, args) -> None:
     if self.verbose:
@@ -91,7 +90,7 @@ class _Watch:
     where = getattr(args.object, "__qualname__", None) or type(args.object).__name__
     where = f" (in {where})" if args.object is not None else ""
     self.record(f"an exception raised where nothing could catch it{where}: "
-                f"{_first_line(args.exc_value)}")
+                f"{first_line(args.exc_value)}")
 
   def record(self, failure: str) -> None:
     with self.lock:
@@ -206,12 +205,6 @@ def is_benign(args) -> bool:
   return (args.exc_type is RuntimeError and str(args.exc_value) == "Event loop is closed"
           and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe"
           and tb.tb_frame.f_code.co_filename.endswith(os.path.join("asyncio", "base_events.py")))
-
-
-def _first_line(error: BaseException) -> str:
-  """'Type: the first line of its message'."""
-  lines = traceback.format_exception_only(type(error), error)
-  return lines[-1].strip().splitlines()[0][:300] if lines else type(error).__name__
 
 
 # launch.py's command line, read by absl ---------------------------------------------------

@@ -148,7 +148,7 @@ def test_a_failed_write_stops_at_once_with_one_message_and_keeps_the_last_checkp
   assert process.returncode == 1, stderr[-2000:]
   assert "Traceback" not in stderr
   (line,) = _user_lines(stderr)
-  assert line.startswith("error: ") and "File too large" in line
+  assert line.startswith("error: ") and "File too large" in line, line
   kept = int(line.split("The last complete checkpoint (step ")[1].split(")")[0])
   stopped_at = tiny.records(workdir, "train/loss")[-1][0]
   assert stopped_at < kept + 2 * LONG["train.checkpoint_every"]    # at once, not much later
