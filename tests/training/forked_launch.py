@@ -25,13 +25,14 @@ import traceback
 import tiny
 
 
-def run_all(commands: dict[str, list[str]], directory: str) -> dict[str, tuple[int, str, str]]:
+def run_all(commands: dict[str, list[str]], directory: str,
+            devices: int = 1) -> dict[str, tuple[int, str, str]]:
   """{name: (exit status, stdout, stderr)} of each command, run by this script in one
-  subprocess (tiny.environment(), with JAX's compile log on: a refusal before compiling
-  prints nothing else)."""
+  subprocess (tiny.environment(devices), with JAX's compile log on: a refusal before
+  compiling prints nothing else)."""
   with open(os.path.join(directory, "commands.json"), "w") as f:
     json.dump(commands, f)
-  env = {**tiny.environment(), "JAX_LOG_COMPILES": "1"}
+  env = {**tiny.environment(devices), "JAX_LOG_COMPILES": "1"}
   driver = subprocess.run([sys.executable, __file__, os.path.join(directory, "commands.json"),
                            directory], env=env, capture_output=True, text=True, timeout=600)
   assert driver.returncode == 0, driver.stderr[-3000:]

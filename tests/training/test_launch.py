@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import forked_launch
 import pytest
 import tiny
 
@@ -56,16 +57,15 @@ def _command(case: str, directory: str) -> list[str]:
 
 @pytest.fixture(scope="session")   # kept when other modules' tests run between its own
 def invalid_runs(tmp_path_factory):
-  """Every invalid case at once (they only parse and validate), with compile logging on."""
-  env = {**tiny.environment(devices=8), "JAX_LOG_COMPILES": "1"}
-  processes = {}
-  for case in INVALID:
-    directory = str(tmp_path_factory.mktemp("invalid"))
-    processes[case] = (directory, subprocess.Popen(
-        _command(case, directory), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True))
-  return {case: (directory, p.wait(timeout=300), p.communicate()[1])
-          for case, (directory, p) in processes.items()}
+  """Every invalid case (they only parse and validate) on 8 devices, each in a child forked
+  from one start-up (forked_launch.py), with JAX's compile log on: {case: (its directory,
+  exit status, stderr)}."""
+  directories = {case: str(tmp_path_factory.mktemp("invalid")) for case in INVALID}
+  results = forked_launch.run_all(
+      {case: _command(case, directory)[2:] for case, directory in directories.items()},
+      str(tmp_path_factory.mktemp("invalid_output")), devices=8)
+  return {case: (directories[case], status, stderr)
+          for case, (status, _, stderr) in results.items()}
 
 
 @pytest.mark.xdist_group("invalid_runs")          # on one worker: the fixture runs once
