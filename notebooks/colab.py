@@ -21,7 +21,7 @@ DRIVE = "/content/drive"            # where Colab mounts Google Drive
 
 
 def install(root: str, runs_on_drive: bool = False) -> None:
-  """`pip install -e root` (with the package's dependencies) unless the distribution that
+  """`pip install -e root[compare]` (the package's dependencies, and pandas) unless the distribution that
   root's pyproject.toml names is installed already. The installed jax and jaxlib are named at
   their own versions, so pip keeps them (Colab's carry its GPU or TPU plugin). pip's editable
   install adds a `.pth` file, which Python reads only at start-up: a running kernel imports
@@ -31,7 +31,8 @@ def install(root: str, runs_on_drive: bool = False) -> None:
   if _installed_version(name) is None:
     keep = [f"{package}=={version}" for package in ("jax", "jaxlib")
             if (version := _installed_version(package)) is not None]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", root, *keep], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{root}[compare]", *keep],
+                   check=True)     # [compare]: pandas, for research.predict.compare_runs' tables
     importlib.invalidate_caches()     # the dependencies pip just added, in this process
   if runs_on_drive:
     keep_runs_on_drive(root)

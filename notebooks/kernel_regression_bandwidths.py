@@ -61,8 +61,6 @@ import colab
 colab.install(root, RUNS_ON_DRIVE)
 
 # %%
-import statistics
-
 from IPython.display import SVG, Image, Markdown, display
 
 from research.training import apply_overrides
@@ -107,13 +105,20 @@ for name in sorted(f for f in os.listdir(run) if f.startswith("attention_")):
 # %% [markdown]
 # ## Averaged over seeds
 # The mean test MSE over the sweep's seeds (20; 3 in quick mode): how far each data-driven
-# bandwidth stays from the oracle.
+# bandwidth stays from the oracle. `research.predict.compare_runs` reads the sweep back as
+# one row per run (the config key that differs, here the seed; the final metrics; where
+# each ran), and warns if the rows mix commits, versions or devices.
 
 # %%
+from research.predict import compare_runs
+
 points = experiment.get_sweep()[:3] if QUICK else experiment.get_sweep()
-rows = colab.sweep(config, points, os.path.join(workdir, "seeds"))
-mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0] if k.startswith("test/mse")}
-display(Markdown(f"Mean over {len(rows)} seeds:\n\n" + table(mean)))
+colab.sweep(config, points, os.path.join(workdir, "seeds"))
+runs = compare_runs(os.path.join(workdir, "seeds"))
+display(runs[["seed", "status", "test/mse_gaussian_learned", "test/mse_gaussian_oracle",
+              "provenance/commit"]].head(3))
+mean = runs.filter(like="test/mse").mean()
+display(Markdown(f"Mean over {len(runs)} seeds:\n\n" + table(mean)))
 for kernel in SMOOTHING_KERNELS:
   oracle = mean[f"test/mse_{kernel}_oracle"]
   print(f"{kernel:9s} learned / oracle {mean[f'test/mse_{kernel}_learned'] / oracle:.2f}   "

@@ -26,7 +26,11 @@ from tensorboard.compat.proto.summary_pb2 import Summary  # noqa: E402
 from tensorboard.plugins.text.metadata import create_summary_metadata  # noqa: E402
 from tensorboard.summary.writer.record_writer import RecordWriter  # noqa: E402
 from tensorboard.util.tensor_util import make_tensor_proto  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
+
+if importlib.util.find_spec("ipywidgets") is None:   # tqdm.auto would warn, naming its path,
+  from tqdm.std import tqdm  # noqa: E402            # then draw this text bar in a notebook
+else:
+  from tqdm.auto import tqdm  # noqa: E402
 
 from research import files  # noqa: E402
 from research.errors import ConfigError, RunFailed  # noqa: E402
