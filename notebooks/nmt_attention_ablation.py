@@ -24,7 +24,7 @@
 # input feeding, Luong's local-p and hard attention, by calling the library directly:
 # `colab.train(config, workdir)` (`research.training.train_and_evaluate`) with configs
 # from `experiments/nmt_dates.py`. The outputs below are the full-size runs (1500 steps,
-# about 3 minutes each on a 2-core CPU), kept in `runs/nmt_ablation` and read back when the
+# about 1.5 minutes each on a 2-core CPU), kept in `runs/nmt_ablation` and read back when the
 # notebook runs again; the suite's long tier runs the quick mode (`NOTEBOOK_QUICK=1`).
 
 # %%
