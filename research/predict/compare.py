@@ -35,14 +35,17 @@ PROVENANCE_COLUMNS = {
     "provenance/platform": ("devices", "platform"), "provenance/device_kind": ("devices", "kind"),
     "provenance/device_count": ("devices", "count"),
     "provenance/processes": ("devices", "processes"),
+    "provenance/host": ("host", "name"), "provenance/cores": ("host", "cores"),
+    "provenance/side_by_side": ("host", "side_by_side"),
     **{f"provenance/{name}": ("versions", name) for name in VERSIONS},
 }
 SHOWN = 3      # values a warning names before "and N more"
 
 
 class MixedRunsWarning(UserWarning):
-  """The rows were trained at different commits, with different versions or on different
-  devices, or some record none of it: their metrics differ by more than their configs."""
+  """The rows were trained at different commits, with different versions, on different
+  devices or machines, side by side with other runs, or some record none of it: their
+  metrics differ by more than their configs."""
 
 
 def compare_runs(paths) -> "pandas.DataFrame":  # noqa: F821
@@ -54,12 +57,15 @@ def compare_runs(paths) -> "pandas.DataFrame":  # noqa: F821
                              written counts as workdir.ADDED_KEYS' value there)
     eval/loss, …, diverged   final_metrics.json (NaN where a run has none)
     provenance/commit, …     the last start's provenance.jsonl: commit, changes, platform,
-                             device kind and count, processes, versions
+                             device kind and count, processes, versions, host, cores,
+                             side_by_side (runs of a sweep's workers on the machine at once)
 
   A sweep's points come in its sweep.json's order (a root without one, as results/ keeps
   them: its subdirectories holding a config.json, by name). A run listed twice is one row.
   Warns (MixedRunsWarning, one line each) when the rows' starts mix commits (or a commit
-  with and without changes), devices or versions, and when some rows record no provenance.
+  with and without changes), devices, machines or versions, when rows ran side by side with
+  other workers of their sweep (their timings are not a run's alone; a job outside the sweep
+  sharing the cores is not recorded), and when some rows record no provenance.
   WorkdirError naming a path that holds neither a run nor a sweep, or a file that cannot be
   read.
   """
@@ -210,10 +216,15 @@ def _warn_if_mixed(workdirs: list[str], configs: list, records: list[list[dict]]
     _warn(f"{len(unrecorded)} of {len(started)} rows record no provenance "
           f"({PROVENANCE}; {unrecorded[0]} first): whether they mix commits or devices "
           "is unknown")
-  for what, values in (("commits", _commit), ("devices", _devices)):
+  for what, values in (("commits", _commit), ("devices", _devices), ("machines", _host)):
     counts = _row_counts(started, values)
     if len(counts) > 1:
       _warn(f"the rows mix {what}: {_counted(counts)}")
+  shared = _row_counts(started, _side_by_side)
+  if shared:
+    _warn(f"{sum(shared.values())} of {len(started)} rows shared their machine with other runs "
+          f"of a sweep's workers ({_counted(shared)}): their perf/* figures are not those of a "
+          "run alone")
   mixed = []
   for name in VERSIONS:
     counts = _row_counts(started, functools.partial(_version, name=name))
@@ -240,6 +251,18 @@ def _commit(record: dict) -> str:
   if not git.get("commit"):
     return f"no commit ({git.get('reason', 'not recorded')})"
   return git["commit"][:12] + (" with changes" if git.get("changes") else "")
+
+
+def _host(record: dict) -> str | None:
+  """'name (C of N cores)'; None for a record of a version that wrote no host."""
+  host = record.get("host")
+  return f"{host.get('name')} ({host.get('cores')} of {host.get('cpus')} cores)" if host else None
+
+
+def _side_by_side(record: dict) -> str | None:
+  """'N side by side' where a start ran beside other workers of its sweep, else None."""
+  together = (record.get("host") or {}).get("side_by_side", 1)
+  return f"{together} side by side" if together > 1 else None
 
 
 def _devices(record: dict) -> str | None:

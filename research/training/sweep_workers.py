@@ -30,6 +30,7 @@ from research import jax_start
 from research.errors import ConfigError, RunFailed, UserError
 from research.training import command
 from research.training.command import Stopped
+from research.training.workdir import SIDE_BY_SIDE
 
 # jax.config's settings a worker takes from the process that starts it (where JAX runs, the
 # compilation cache, the numbers' types and precision); it inherits the environment whole
@@ -157,12 +158,13 @@ def run(jobs: list[Job], slots: list[Slot], on_start: Callable[[Any], None]
 class _Worker:
   """One worker process and its pipes: jobs in (its stdin), results out, output out."""
 
-  def __init__(self, slot: Slot, number: int):
+  def __init__(self, slot: Slot, number: int, side_by_side: int):
     self.number, self.job, self.partial = number, None, b""
     results, results_writer = os.pipe()
     output, output_writer = os.pipe()
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [_package_root(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+        [_package_root(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]),
+        SIDE_BY_SIDE: str(side_by_side)}          # in each run's provenance
     if slot.gpu is not None:
       environment["CUDA_VISIBLE_DEVICES"] = slot.gpu
     try:    # its own session: a Ctrl-C at the terminal reaches this process alone, and
@@ -225,7 +227,7 @@ class _Pool:
   def start(self, slots: list[Slot]) -> None:
     """A worker per slot, each handed its first job."""
     for number, slot in enumerate(slots):
-      worker = _Worker(slot, number)
+      worker = _Worker(slot, number, side_by_side=len(slots))
       self.workers.append(worker)
       self.selector.register(worker.results, selectors.EVENT_READ, (worker, "results"))
       self.selector.register(worker.output, selectors.EVENT_READ, (worker, "output"))

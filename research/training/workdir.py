@@ -339,6 +339,20 @@ def running_devices() -> dict:
           "count": jax.device_count(), "processes": jax.process_count()}
 
 
+# Set by a sweep's workers (research/training/sweep_workers.py) to their number: the runs that
+# shared the machine with this one, whose timings (perf/*) are not those of a run alone
+SIDE_BY_SIDE = "RESEARCH_RUNS_SIDE_BY_SIDE"
+
+
+def running_host() -> dict:
+  """The machine: its name, the cores this process may run on (its affinity) of the cpus it
+  has, and how many runs of a sweep's workers ran side by side on it (1: alone, as far as we
+  know; a job outside the sweep sharing the cores is not seen)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"name": platform.node(), "cores": cores, "cpus": os.cpu_count(),
+          "side_by_side": int(os.environ.get(SIDE_BY_SIDE, "1"))}
+
+
 def git_state(directory: str) -> dict:
   """{"commit": HEAD's hash, "changes": whether tracked files differ from it} of the git
   checkout holding `directory`, or {"commit": None, "reason": why there is none}."""
@@ -372,12 +386,13 @@ def start_record(step: int) -> dict:
                                                              wheel)
      "versions": {"python": "3.11.7", "jax": ..., "jaxlib": ..., "flax": ..., "optax": ...,
                   "orbax-checkpoint": ..., "research": ...},
-     "devices": {"platform": "cpu", "kind": "cpu", "count": 8, "processes": 1}}
+     "devices": {"platform": "cpu", "kind": "cpu", "count": 8, "processes": 1},
+     "host": {"name": "vm-1", "cores": 1, "cpus": 2, "side_by_side": 2}}   running_host()
   """
   return {"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
           "step": step, "argv": list(sys.argv),
           "git": git_state(os.path.dirname(os.path.abspath(research.__file__))),
-          "versions": running_versions(), "devices": running_devices()}
+          "versions": running_versions(), "devices": running_devices(), "host": running_host()}
 
 
 def _provenance_lines(workdir: str) -> list[str]:

@@ -9,6 +9,7 @@ import glob
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import warnings
@@ -122,7 +123,9 @@ def test_a_tiny_sweep_trained_here_is_reproduced_in_its_order_with_its_provenanc
                         device.platform, "provenance/device_kind": device.device_kind,
                         "provenance/device_count": jax.device_count(),
                         "provenance/research": research.__version__,
-                        "provenance/jax": jax.__version__}.items():
+                        "provenance/jax": jax.__version__, "provenance/host": platform.node(),
+                        "provenance/cores": len(os.sched_getaffinity(0)),
+                        "provenance/side_by_side": 1}.items():
     assert list(table[column]) == [value, value], column
 
 
@@ -135,7 +138,8 @@ RECORD = {"time": "2026-11-26T12:00:00+00:00", "step": 0, "argv": ["launch.py"],
           "git": {"commit": "a" * 40, "changes": False},
           "versions": {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "flax": "0.12.8",
                        "optax": "0.2.8", "orbax-checkpoint": "0.12.8", "research": "0.2.0"},
-          "devices": {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1}}
+          "devices": {"platform": "cpu", "kind": "cpu", "count": 1, "processes": 1},
+          "host": {"name": "vm-1", "cores": 2, "cpus": 2, "side_by_side": 1}}
 
 
 def write_run(workdir, config=CONFIG, final=None, records=(RECORD,)) -> str:
@@ -220,6 +224,12 @@ def other(**groups) -> dict:
     ([[RECORD], [other(versions={"jax": "0.11.2", "jaxlib": "0.11.2"})]],
      "the rows mix versions: jax 0.10.2 (1 row), 0.11.2 (1 row); jaxlib 0.10.2 (1 row), "
      "0.11.2 (1 row)"),
+    ([[RECORD], [other(host={"name": "vm-2"})], [other(host={"cores": 1})]],
+     "the rows mix machines: vm-1 (2 of 2 cores) (1 row), vm-2 (2 of 2 cores) (1 row), "
+     "vm-1 (1 of 2 cores) (1 row)"),
+    ([[RECORD], [other(host={"side_by_side": 2})], [RECORD, other(host={"side_by_side": 2})]],
+     "2 of 3 rows shared their machine with other runs of a sweep's workers (2 side by side "
+     "(2 rows)): their perf/* figures are not those of a run alone"),
     ([[RECORD], []], "1 of 2 rows record no provenance (provenance.jsonl; "),
 ])
 def test_rows_that_mix_commits_devices_or_versions_warn_in_one_line(tmp_path, records, message):

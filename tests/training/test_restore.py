@@ -141,6 +141,8 @@ def test_provenance_records_each_start_of_the_run(trained):
     assert record["devices"] == {"platform": jax.devices()[0].platform,
                                  "kind": jax.devices()[0].device_kind,
                                  "count": jax.device_count(), "processes": 1}
+    assert record["host"] == {"name": platform.node(), "cores": len(os.sched_getaffinity(0)),
+                              "cpus": os.cpu_count(), "side_by_side": 1}
     if head.returncode == 0:
       assert record["git"]["commit"] == head.stdout.strip()
       assert isinstance(record["git"]["changes"], bool)

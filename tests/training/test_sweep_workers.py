@@ -2,7 +2,9 @@
 sweep, one summary, the shards' locks, and errors that reach the sweep as they would serially."""
 
 import csv
+import json
 import os
+import platform
 import re
 import signal
 import threading
@@ -226,6 +228,11 @@ def test_workers_and_shards_train_every_point_bit_for_bit_as_the_serial_sweep(tm
   for root in ("workers", "shards"):
     with open(tmp_path / root / "summary.csv") as f:
       assert [_without_perf(row) for row in csv.DictReader(f)] == expected
+  for root, cores, side_by_side in (("serial", len(CORES), 1), ("workers", 1, 2)):
+    (host,) = {json.dumps(record["host"]) for name in ("model.kind=rnn", "model.kind=gru")
+               for record in workdirs.read_provenance(str(tmp_path / root / name))}   # one each
+    assert json.loads(host) == {"name": platform.node(), "cores": cores,
+                                "cpus": os.cpu_count(), "side_by_side": side_by_side}, root
 
 
 @pytest.mark.slow
