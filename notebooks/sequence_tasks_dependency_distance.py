@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Dependency distance: RNN, LSTM, GRU, attention and linear recurrences
+# # Dependency distance: RNN, LSTM, GRU, attention, linear and selective recurrences
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/sequence_tasks_dependency_distance.ipynb)
 #
@@ -23,12 +23,14 @@
 # T steps back. Predicting the constant 1 scores MSE ≈ 0.167; a prediction within 0.04 of
 # the sum counts as correct. We train a vanilla RNN (tanh), an LSTM and a GRU (our
 # `research.recurrent` layers, PyTorch's equations), a one-block transformer encoder, and
-# two blocks of the same encoder with a linear recurrence in attention's place (LRU, S5:
-# bidirectional, 64 complex states) at T = 10, 50 and 100: the `--sweep` of
-# `experiments/sequence_tasks.py` (about 32 minutes on a 2-core CPU, 28 of them LRU's and
-# S5's, whose steps each cost several of a gated cell's). A sweep already
-# run into `runs/sequence_tasks` is read back instead of retrained. The suite's long tier runs the quick mode
-# (T = 10 alone, 40 steps each), whose numbers mean little.
+# two blocks of the same encoder with a recurrence in attention's place: the linear
+# time-invariant ones (LRU, S5: bidirectional, 64 complex states) and the selective ones,
+# whose transition depends on the input (Mamba's S6 with 16 states per channel, Mamba-2's
+# SSD, gated linear attention, DeltaNet; with the LRU's recipe), at T = 10, 50 and 100: the
+# `--sweep` of `experiments/sequence_tasks.py` (92 minutes on a 2-core CPU with `--workers 2`,
+# one core each; Mamba at T = 100 alone 31 of them). A sweep already run into
+# `runs/sequence_tasks` is read back instead of retrained. The suite's long tier runs the
+# quick mode (T = 10 alone, 40 steps each), whose numbers mean little.
 
 # %%
 # @title Install the repository
@@ -131,8 +133,8 @@ left.set_xticks(LENGTHS)
 left.set_title("adding problem: final MSE")
 right.set_xlabel("training step")
 right.set_title(f"learning curves at T = {LENGTHS[-1]}")
-fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=len(MODELS) + 1)
-fig.tight_layout(rect=(0, 0.07, 1, 1))
+fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=min(len(MODELS) + 1, 6))
+fig.tight_layout(rect=(0, 0.12, 1, 1))
 display(Image(figure_png(fig)))
 
 # %% [markdown]
