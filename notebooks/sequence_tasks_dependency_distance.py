@@ -133,7 +133,8 @@ left.set_xticks(LENGTHS)
 left.set_title("adding problem: final MSE")
 right.set_xlabel("training step")
 right.set_title(f"learning curves at T = {LENGTHS[-1]}")
-fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=min(len(MODELS) + 1, 6))
+fig.legend(*left.get_legend_handles_labels(), loc="lower center",
+           ncol=min(len(MODELS) + 1, 6))
 fig.tight_layout(rect=(0, 0.12, 1, 1))
 display(Image(figure_png(fig)))
 

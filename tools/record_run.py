@@ -5,14 +5,15 @@
     python tools/record_run.py --exploratory runs/probe results/exploratory/probe
 
 Kept: each run's config.json, final_metrics.json, metrics.jsonl and provenance.jsonl, and a
-sweep's summary.csv / summary.md and sweep.json (what `research.predict.compare_runs` reads to
-rebuild the summary, commits and machines included); checkpoints, TensorBoard files and plots stay behind (they can be
-regenerated, and they are large). A run is a directory holding config.json or metrics.jsonl;
-every run under RUN_DIR must have finished (written final_metrics.json), or nothing is
-copied: a stopped run is no result. `--exploratory` records such runs (and runs that shared a
-device or ran beside edits) apart, under results/exploratory/ only. Then add the row (command,
-commit, machine) to results/README.md, or to results/exploratory/README.md with why the run
-is exploratory. A block between `<!-- from results/... -->` and `<!-- /from -->` in README.md
+sweep's summary.csv / summary.md and sweep.json (what `research.predict.compare_runs` reads
+to rebuild the summary, commits and machines included); checkpoints, TensorBoard files and
+plots stay behind (they can be regenerated, and they are large). A run is a directory
+holding config.json or metrics.jsonl; every run under RUN_DIR must have finished (written
+final_metrics.json), or nothing is copied: a stopped run is no result. `--exploratory`
+records such runs (and runs that shared a device or ran beside edits) apart, under
+results/exploratory/ only. Then add the row (command, commit, machine) to results/README.md,
+or to results/exploratory/README.md with why the run is exploratory.
+A block between `<!-- from results/... -->` and `<!-- /from -->` in README.md
 or docs/ quotes one of these files, and tests/test_docs_results.py checks it.
 """
 
