@@ -110,6 +110,18 @@ lines.append("| constant 1 | " + " | ".join("0.167" for _ in LENGTHS) + " | |")
 display(Markdown("\n".join(lines)))
 
 # %% [markdown]
+# ## What this reproduces
+# The published ordering compared with: Hochreiter & Schmidhuber (1997, Experiment 4, the
+# adding problem) report that LSTM learns it at minimal time lags of 100 and more, where
+# gradient-trained tanh RNNs fail once the lag spans tens of steps (Bengio et al., 1994).
+# Reproduced: the tanh RNN learns T = 10 and stays at the constant answer's MSE from T = 50;
+# the gated cells learn T = 100 (the GRU fully, the LSTM to about 0.8 accuracy in 2 000
+# steps, far fewer than the paper's). No paper reports the adding problem for LRU, S5 or
+# the selective recurrences at these sizes: they are compared with the gated cells only.
+# S5 and all four selective recurrences learn every T; the LRU missed T = 100 in this run
+# (at the constant answer's MSE), where an earlier sweep of the same recipe reached 0.0007.
+
+# %% [markdown]
 # ## The plot
 # Left: final MSE against T (log scale); the vanilla RNN's gradient vanishes through T tanh
 # steps, so it falls back to the constant beyond short distances. Right: the training
