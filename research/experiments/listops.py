@@ -274,6 +274,10 @@ def build(config, data: Data | None = None) -> Workload:
   return classification_workload(config, model, init, data.splits, data.boundaries)
 
 
-register("listops", validate=validate, build=build,
-         build_shapes=lambda config: build(config, placeholder_data(config)),
+def build_shapes(config) -> Workload:
+  """build's workload over placeholder data of the config's shapes (`--compile_only`)."""
+  return build(config, placeholder_data(config))
+
+
+register("listops", validate=validate, build=build, build_shapes=build_shapes,
          generates_data=generates_data, build_model=build_model, inference=inference)

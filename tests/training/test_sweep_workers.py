@@ -4,6 +4,7 @@ sweep, one summary, the shards' locks, and errors that reach the sweep as they w
 import csv
 import json
 import os
+import pickle
 import platform
 import re
 import signal
@@ -98,6 +99,14 @@ def test_an_experiment_a_worker_cannot_import_is_refused_before_anything_runs(tm
     run_sweep(tiny.config(), [{"seed": 0}, {"seed": 1}], str(tmp_path / "sweep"), local,
               workers=2)
   assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("name", sorted(research.experiments.names()))
+def test_every_experiment_can_be_sent_to_a_worker(name):
+  """--workers pickles the experiment by reference: a lambda in its registration (listops'
+  and lra's build_shapes were) refuses every sweep of that experiment on workers."""
+  experiment = research.experiments.get(name)
+  assert pickle.loads(pickle.dumps(experiment)) == experiment
 
 
 def test_shards_hold_the_root_side_by_side_and_refuse_a_whole_sweep(tmp_path):
