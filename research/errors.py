@@ -47,3 +47,18 @@ def first_line(error: BaseException, limit: int = 240) -> str:
   line = text[0] if text else ""
   line = line if len(line) <= limit else f"{line[:limit // 3]} … {line[-2 * limit // 3:]}"
   return line if line.startswith(name) else f"{name}: {line}".rstrip(": ")
+
+
+def check_positive(name: str, value, kind: type = int) -> None:
+  """ValueError 'NAME must be a positive int' (kind int) or '… a positive number' (kind
+  float: an int or a float) unless value is one; a bool is neither."""
+  allowed = (int,) if kind is int else (int, float)
+  if not isinstance(value, allowed) or isinstance(value, bool) or not value > 0:
+    raise ValueError(f"{name} must be a positive {'int' if kind is int else 'number'}, "
+                     f"got {value!r}")
+
+
+def check_choice(name: str, value, allowed) -> None:
+  """ValueError 'NAME must be one of ALLOWED, got VALUE' unless value is one of `allowed`."""
+  if value not in allowed:
+    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")

@@ -17,6 +17,7 @@ from research.attention import registry
 from research.attention.functional import dot_product_attention
 from research.attention.masks import padding_mask
 from research.attention.multi_head import check_heads
+from research.errors import check_choice, check_positive
 
 Array = jax.Array
 METHODS = ("conv", "avg", "max")
@@ -164,10 +165,8 @@ class MemoryCompressedAttention(nn.Module):
                key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
     del train
     head_dim = check_heads(self.qkv_features, self.num_heads)
-    if self.method not in METHODS:
-      raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-    if not isinstance(self.compression, int) or self.compression < 1:
-      raise ValueError(f"compression must be a positive int, got {self.compression!r}")
+    check_choice("method", self.method, METHODS)
+    check_positive("compression", self.compression)
     if is_causal:
       raise ValueError("is_causal=True is not supported by MemoryCompressedAttention: a "
                        "compressed position mixes several key positions")

@@ -14,6 +14,7 @@ import numpy as np
 
 from research.attention import block_sparse, implementations, kernels, platforms, registry  # noqa: F401 (registration)
 from research.attention.masks import Visibility
+from research.errors import check_positive
 
 Array = jax.Array
 
@@ -108,8 +109,8 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   _check_shapes(q, k, v)
   registry.check_name(implementation)  # an unknown name fails first, listing the names
-  if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
-    raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+  if block_size is not None:
+    check_positive("block_size", block_size)
   b, q_len, h, d = q.shape
   full = (b, h, q_len, k.shape[1])
   mask, bias = _as_4d(mask, "mask", full), _as_4d(bias, "bias", full)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from research.attention.dense import masked_softmax
 from research.attention.scores import accumulation_dtype, as_score, weighted_sum
+from research.errors import check_choice
 
 Array = jax.Array
 CHOICE_MODES = ("argmax", "sample")
@@ -59,8 +60,7 @@ def hard_attention(logits: Array, values: Array, *, key: Array | None = None,
     context [..., q_len, d_v] = values[index], one-hot weights [..., q_len, kv_len]
     (float32) and index [..., q_len] (−1 and zeros where no key is visible).
   """
-  if mode not in CHOICE_MODES:
-    raise ValueError(f"mode must be one of {CHOICE_MODES}, got {mode!r}")
+  check_choice("mode", mode, CHOICE_MODES)
   if mode == "sample" and key is None:
     raise ValueError("mode='sample' needs a PRNG key (key=...)")
   index = choose_key(logits, mask=mask, key=key if mode == "sample" else None)
@@ -157,8 +157,7 @@ class HardAttention(nn.Module):
     Returns context [..., q_len, d_v], one-hot weights [..., q_len, kv_len] (sown as
     intermediates "attention_weights") and log p(choice) [..., q_len].
     """
-    if self.mode not in MODES:
-      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+    check_choice("mode", self.mode, MODES)
     score = as_score(self.score, dtype=self.dtype, param_dtype=self.param_dtype)
     logits = score(queries, keys)
     if train and self.mode == "gumbel":

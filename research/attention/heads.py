@@ -67,11 +67,6 @@ def checked_qkv(q, k, v, *, same_length: bool = False) -> tuple[Array, Array, Ar
   return q, k, v
 
 
-def check_positive(name: str, value) -> None:
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def key_validity(batch: int, kv_len: int, key_value_seq_lengths: Array | None) -> Array:
   """[batch, kv_len] bool: True = a real key (t < length), False = padding."""
   if key_value_seq_lengths is None:

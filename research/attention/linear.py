@@ -14,10 +14,10 @@ from jax import lax
 
 from research.attention.heads import (
   HeadsSelfAttention,
-  check_positive,
   checked_qkv,
   key_validity,
 )
+from research.errors import check_choice, check_positive
 
 Array = jax.Array
 CAUSAL_FORMS = ("scan", "chunked")
@@ -29,8 +29,7 @@ def elu_feature_map(x: Array) -> Array:
 
 
 def check_causal_form(causal_form: str, chunk_size: int) -> None:
-  if causal_form not in CAUSAL_FORMS:
-    raise ValueError(f"causal_form must be one of {CAUSAL_FORMS}, got {causal_form!r}")
+  check_choice("causal_form", causal_form, CAUSAL_FORMS)
   check_positive("chunk_size", chunk_size)
 
 

@@ -19,6 +19,7 @@ from research.attention.scores import (
   lecun_normal_vector,
   weighted_sum,
 )
+from research.errors import check_choice
 
 Array = jax.Array
 MODES = ("monotonic", "predictive")
@@ -114,8 +115,7 @@ class LocalAttention(nn.Module):
       context [..., q_len, d_v] in values' dtype and weights [..., q_len, kv_len], also
       sown as intermediates "attention_weights".
     """
-    if self.mode not in MODES:
-      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+    check_choice("mode", self.mode, MODES)
     _check_half_window(self.half_window)
     score = as_score(self.score, dtype=self.dtype, param_dtype=self.param_dtype)
     logits = score(h_t, keys)

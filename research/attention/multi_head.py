@@ -18,14 +18,14 @@ from research.attention import block_sparse, registry
 from research.attention.dense import weighted_values
 from research.attention.functional import dot_product_attention
 from research.attention.masks import Visibility
+from research.errors import check_positive
 
 Array = jax.Array
 
 
 def check_heads(qkv_features: int, num_heads: int, num_kv_heads: int | None = None) -> int:
   """Validates a head configuration and returns the head size d = qkv_features / num_heads."""
-  if not isinstance(num_heads, int) or num_heads < 1:
-    raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+  check_positive("num_heads", num_heads)
   if qkv_features % num_heads:
     raise ValueError(f"qkv_features ({qkv_features}) must be divisible by num_heads ({num_heads})")
   if num_kv_heads is not None and (not isinstance(num_kv_heads, int) or num_kv_heads < 1

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from research.attention.dense import masked_softmax
+from research.errors import check_choice
 
 Array = jax.Array
 SMOOTHING_KERNELS = ("gaussian", "box", "triangle")
@@ -63,8 +64,7 @@ def nadaraya_watson(queries: Array, keys: Array, values: Array, *, kernel: str, 
   Returns:
     [..., m, d_v] in float32, or (that, weights) with return_weights (float32).
   """
-  if kernel not in SMOOTHING_KERNELS:
-    raise ValueError(f"kernel must be one of {SMOOTHING_KERNELS}, got {kernel!r}")
+  check_choice("kernel", kernel, SMOOTHING_KERNELS)
   _check_bandwidth(bandwidth)
   queries, keys = jnp.asarray(queries, jnp.float32), jnp.asarray(keys, jnp.float32)
   values, bandwidth = jnp.asarray(values, jnp.float32), jnp.asarray(bandwidth, jnp.float32)
@@ -98,8 +98,7 @@ class NadarayaWatson(nn.Module):
   @nn.compact
   def __call__(self, queries: Array, keys: Array, values: Array) -> Array:
     """queries [..., m, d], keys [..., n, d], values [..., n, d_v] -> [..., m, d_v]."""
-    if self.kernel not in SMOOTHING_KERNELS:
-      raise ValueError(f"kernel must be one of {SMOOTHING_KERNELS}, got {self.kernel!r}")
+    check_choice("kernel", self.kernel, SMOOTHING_KERNELS)
     if not self.init_bandwidth > 0:
       raise ValueError(f"init_bandwidth must be > 0, got {self.init_bandwidth!r}")
     bandwidth = self.init_bandwidth

@@ -14,12 +14,12 @@ import jax.numpy as jnp
 
 from research.attention.heads import (
   HeadsSelfAttention,
-  check_positive,
   checked_qkv,
   key_validity,
   module_key,
 )
 from research.attention.linear import check_causal_form, kernelized_attention
+from research.errors import check_positive
 
 Array = jax.Array
 

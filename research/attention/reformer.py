@@ -15,12 +15,12 @@ from jax import lax
 
 from research.attention.heads import (
   HeadsSelfAttention,
-  check_positive,
   checked_qkv,
   key_validity,
   module_key,
   pad_length,
 )
+from research.errors import check_positive
 
 Array = jax.Array
 SELF_LOGIT = -1e5   # the logit of a token for itself (the paper's 10⁵ penalty)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax.linen.dtypes import promote_dtype
 
 from research.attention.dense import masked_softmax
+from research.errors import check_choice
 
 Array = jax.Array
 
@@ -205,8 +206,7 @@ SCORE_FUNCTIONS: dict[str, type[Score]] = {
 def make_score(name: str, /, **kwargs) -> Score:
   """The score module called `name` (a key of SCORE_FUNCTIONS), built with kwargs
   (module attributes, and flax's `name` for the instance)."""
-  if name not in SCORE_FUNCTIONS:
-    raise ValueError(f"score must be one of {sorted(SCORE_FUNCTIONS)}, got {name!r}")
+  check_choice("score", name, sorted(SCORE_FUNCTIONS))
   return SCORE_FUNCTIONS[name](**kwargs)
 
 

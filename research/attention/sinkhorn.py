@@ -16,11 +16,11 @@ from jax import lax
 from research.attention.dense import masked_softmax
 from research.attention.heads import (
   HeadsSelfAttention,
-  check_positive,
   checked_qkv,
   key_validity,
   pad_length,
 )
+from research.errors import check_positive
 
 Array = jax.Array
 _MASKED = -1e9  # log-weight of a forbidden (i, j): exp gives exactly 0

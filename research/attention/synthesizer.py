@@ -16,9 +16,9 @@ from jax import lax
 from research.attention.dense import masked_softmax, weighted_values
 from research.attention.heads import (
   HeadsSelfAttention,
-  check_positive,
   key_validity,
 )
+from research.errors import check_choice, check_positive
 
 Array = jax.Array
 MODES = ("dense", "random")
@@ -141,8 +141,7 @@ class SynthesizerSelfAttention(HeadsSelfAttention):
   def __call__(self, x: Array, *, is_causal: bool = False,
                key_value_seq_lengths: Array | None = None, train: bool = False) -> Array:
     del train  # deterministic
-    if self.mode not in MODES:
-      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+    check_choice("mode", self.mode, MODES)
     check_positive("max_len", self.max_len)
     for name in ("rank", "query_block"):
       if getattr(self, name) is not None:

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from research.errors import check_choice
 from research.models.kinds import BLOCK_KINDS
 from research.models.positions import sinusoidal_positions
 from research.models.recurrent_mixer import block_mixer
@@ -23,12 +24,6 @@ from research.models.transformer_block import MIXER_GATES, NORMS, TransformerBlo
 Array = jax.Array
 POSITIONS = ("learned", "sinusoidal", "none")
 MLP_RATIO = 4                       # mlp_size None: MLP_RATIO · hidden_size (Vaswani et al.)
-
-
-def check_choice(name: str, value: Any, allowed: tuple) -> None:
-  """ValueError naming the field `name` and its allowed values unless value is one of them."""
-  if value not in allowed:
-    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 class StackFields(nn.Module, kw_only=True):

@@ -8,7 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from research.models.block_stack import MLP_RATIO, BlockStack, StackFields, check_choice
+from research.errors import check_choice
+from research.models.block_stack import MLP_RATIO, BlockStack, StackFields
 from research.models.encoder_classifier import POOLINGS, pool
 
 Array = jax.Array

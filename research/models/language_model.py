@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from research.models.block_stack import BlockStack, StackFields, check_choice
+from research.errors import check_choice
+from research.models.block_stack import BlockStack, StackFields
 from research.models.kinds import BLOCK_KINDS, KINDS, RECURRENT
 
 Array = jax.Array

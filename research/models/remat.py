@@ -11,14 +11,15 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 
+from research.errors import check_choice
+
 POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable")
 REMAT = ("none", "block", *POLICIES)
 
 
 def check_remat(value: str) -> None:
   """ValueError naming the allowed values unless `value` is one of REMAT."""
-  if value not in REMAT:
-    raise ValueError(f"remat must be one of {REMAT}, got {value!r}")
+  check_choice("remat", value, REMAT)
 
 
 def remat(run: Callable, value: str) -> Callable:

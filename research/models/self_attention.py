@@ -24,6 +24,7 @@ from research.attention import (
   SparseFixed,
   SynthesizerSelfAttention,
 )
+from research.errors import check_choice
 
 SELF_ATTENTIONS = ("full", "local", "longformer", "sparse", "bigbird", "linformer",
                    "memory_compressed", "linear", "performer", "synthesizer", "sinkhorn",
@@ -41,8 +42,7 @@ def check_attention(name: str, *, window: int, causal: bool = False) -> None:
   variant but linformer and memory_compressed can be causal (query i sees keys j ≤ i): a
   projected or compressed key position mixes several positions, later ones among them
   (research/attention/compressed.py refuses is_causal)."""
-  if name not in SELF_ATTENTIONS:
-    raise ValueError(f"attention must be one of {SELF_ATTENTIONS}, got {name!r}")
+  check_choice("attention", name, SELF_ATTENTIONS)
   if causal and name not in CAUSAL_ATTENTIONS:
     raise ValueError(f"attention {name!r} cannot be causal (a key position mixes later "
                      f"positions); a causal model takes one of {', '.join(CAUSAL_ATTENTIONS)}")

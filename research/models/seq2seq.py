@@ -20,6 +20,7 @@ from research.attention import (
   make_score,
   padding_mask,
 )
+from research.errors import check_choice
 from research.models.remat import REMAT, remat
 from research.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, SimpleRNNCell
 
@@ -286,8 +287,7 @@ class Seq2Seq(nn.Module):
                "hard_training": (self.hard_training, tuple(HARD_TRAINING)),
                "remat": (self.remat, REMAT)}
     for key, (value, allowed) in choices.items():
-      if value not in allowed:
-        raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
+      check_choice(key, value, allowed)
     if self.bidirectional and self.hidden_size % 2:
       raise ValueError(f"a bidirectional encoder needs an even hidden_size (hidden_size / 2 "
                        f"per direction), got {self.hidden_size}")

@@ -9,7 +9,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from research.models.block_stack import BlockStack, StackFields, check_choice
+from research.errors import check_choice
+from research.models.block_stack import BlockStack, StackFields
 from research.models.kinds import KINDS, RECURRENT
 
 Array = jax.Array

@@ -10,6 +10,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 
+from research.errors import check_choice
+
 Array = jax.Array
 NORMS = ("pre", "post")
 MIXER_GATES = ("none", "glu", "half_glu")
@@ -52,10 +54,8 @@ class TransformerBlock(nn.Module):
   @nn.compact
   def __call__(self, x: Array, key_value_seq_lengths: Array | None = None, *,
                train: bool = False) -> Array:
-    if self.norm not in NORMS:
-      raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
-    if self.mixer_gate not in MIXER_GATES:
-      raise ValueError(f"mixer_gate must be one of {MIXER_GATES}, got {self.mixer_gate!r}")
+    check_choice("norm", self.norm, NORMS)
+    check_choice("mixer_gate", self.mixer_gate, MIXER_GATES)
     pre = self.norm == "pre"
     drop = lambda rate, y: nn.Dropout(rate, deterministic=not train)(y)
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from research.errors import check_positive
 from research.recurrent.selective import SelectiveLayer, causal_conv
 
 Array = jax.Array
@@ -183,9 +184,7 @@ class DeltaNet(SelectiveLayer):
     for name in ("use_gate", "allow_neg_eigval"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-    if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, int | float) \
-        or self.norm_eps <= 0:
-      raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
+    check_positive("norm_eps", self.norm_eps, float)
 
   def check_width(self, features: int) -> None:
     if features % self.state_size:

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from research.errors import check_positive
 from research.recurrent.selective import SelectiveLayer
 
 Array = jax.Array
@@ -220,17 +221,10 @@ class GLA(SelectiveLayer):
 
   def check_options(self) -> None:
     super().check_options()
-    positive = lambda value, kind: isinstance(value, kind) and not isinstance(value, bool) \
-        and value > 0
-    if not positive(self.expand_k, (int, float)):
-      raise ValueError(f"expand_k must be a positive number, got {self.expand_k!r}")
-    if not positive(self.gate_rank, int):
-      raise ValueError(f"gate_rank must be a positive int, got {self.gate_rank!r}")
-    if not positive(self.gate_temperature, (int, float)):
-      raise ValueError(f"gate_temperature must be a positive number, got "
-                       f"{self.gate_temperature!r}")
-    if not positive(self.norm_eps, (int, float)):
-      raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
+    check_positive("expand_k", self.expand_k, float)
+    check_positive("gate_rank", self.gate_rank)
+    check_positive("gate_temperature", self.gate_temperature, float)
+    check_positive("norm_eps", self.norm_eps, float)
 
   def check_width(self, features: int) -> None:
     if features % self.state_size:

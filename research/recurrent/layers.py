@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from research.errors import check_positive
 from research.recurrent.cells import GRUCell, LSTMCell, RecurrentCell, SimpleRNNCell
 
 Array = jax.Array
@@ -80,9 +81,8 @@ class RecurrentLayer(nn.Module):
     return 2 if self.bidirectional else 1
 
   def _check_config(self):
-    for key, value in (("hidden_size", self.hidden_size), ("num_layers", self.num_layers)):
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be a positive int, got {value!r}")
+    for name in ("hidden_size", "num_layers"):
+      check_positive(name, getattr(self, name))
     if not 0.0 <= self.dropout < 1.0:
       raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
 

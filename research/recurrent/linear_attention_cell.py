@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from research.errors import check_choice, check_positive
 from research.recurrent.layers import valid_mask
 from research.recurrent.linear_scan import linear_scan
 
@@ -78,12 +79,9 @@ class LinearAttentionCell(nn.RNNCellBase):
     if not isinstance(self.num_heads, int) or self.num_heads < 1 or qkv % self.num_heads:
       raise ValueError(f"num_heads must be a positive int dividing qkv_features={qkv}, "
                        f"got {self.num_heads!r}")
-    if self.feature_map not in FEATURE_MAPS:
-      raise ValueError(f"feature_map must be one of {tuple(FEATURE_MAPS)}, got {self.feature_map!r}")
-    if self.mode not in MODES:
-      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-    if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-      raise ValueError(f"chunk_size must be a positive int, got {self.chunk_size!r}")
+    check_choice("feature_map", self.feature_map, tuple(FEATURE_MAPS))
+    check_choice("mode", self.mode, MODES)
+    check_positive("chunk_size", self.chunk_size)
     if self.decay is not None and (len(self.decay) != self.num_heads
                                    or not all(0.0 < g <= 1.0 for g in self.decay)):
       raise ValueError(f"decay must be None or num_heads={self.num_heads} values in (0, 1], "
@@ -215,23 +213,17 @@ class LinearAttention(nn.Module):
 
   def check_options(self) -> None:
     """ValueError for an option the layer refuses whatever its width."""
-    if self.decay not in DECAYS:
-      raise ValueError(f"decay must be one of {DECAYS}, got {self.decay!r}")
-    if self.feature_map not in FEATURE_MAPS:
-      raise ValueError(f"feature_map must be one of {tuple(FEATURE_MAPS)}, "
-                       f"got {self.feature_map!r}")
+    check_choice("decay", self.decay, DECAYS)
+    check_choice("feature_map", self.feature_map, tuple(FEATURE_MAPS))
     if not isinstance(self.normalize, bool):
       raise ValueError(f"normalize must be True or False, got {self.normalize!r}")
-    if self.mode not in MODES:
-      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-    if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-      raise ValueError(f"chunk_size must be a positive int, got {self.chunk_size!r}")
+    check_choice("mode", self.mode, MODES)
+    check_positive("chunk_size", self.chunk_size)
 
   def check_config(self, features: int | None = None) -> None:
     """check_options, and a state size that is a positive int (dividing `features`)."""
     self.check_options()
-    if not isinstance(self.state_size, int) or self.state_size < 1:
-      raise ValueError(f"state_size must be a positive int, got {self.state_size!r}")
+    check_positive("state_size", self.state_size)
     if features is not None and features % self.state_size:
       raise ValueError(f"state_size={self.state_size} (the heads' size) must divide the "
                        f"width, {features}")

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from research.errors import check_positive
+
 Array = jax.Array
 Value = tuple[Array, ...]        # (x,) for a real array, (re, im) for a complex one
 Values = Array | tuple[Array, Array]   # the public form: a real array or (re, im)
@@ -206,8 +208,7 @@ def linear_scan(a: Values | None, b: Values, h0: Values | None = None, *,
                        f"arrays; {name} is {'a tuple' if isinstance(x, tuple) else 'an array'}")
   value = lambda x: None if x is None else (tuple(x) if pair else (x,))
   a, b, h0 = value(a), value(b), value(h0)
-  if not isinstance(chunk, int) or chunk < 1:
-    raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+  check_positive("chunk", chunk)
   batch, num_steps = b[0].shape[:2]
   expand = lambda x: x.reshape(x.shape + (1,) * (b[0].ndim - 2))   # [B] or [B, T] against b
   t = jnp.arange(num_steps)

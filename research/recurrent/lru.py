@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from research.errors import check_positive
 from research.recurrent.diagonal_ssm import DiagonalSSM, System
 
 _FLOAT32 = jnp.finfo(jnp.float32)
@@ -53,8 +54,7 @@ class LRU(DiagonalSSM):
 
   def check_config(self) -> None:
     super().check_config()
-    if not isinstance(self.state_size, int) or self.state_size < 1:
-      raise ValueError(f"state_size must be a positive int, got {self.state_size!r}")
+    check_positive("state_size", self.state_size)
 
   def check_options(self) -> None:
     super().check_options()

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from research.errors import check_positive
 from research.recurrent.selective import SelectiveLayer, causal_conv
 from research.recurrent.selective_scan import readout, s6_step, selective_scan
 
@@ -160,9 +161,7 @@ class Mamba(SelectiveLayer):
   def check_options(self) -> None:
     super().check_options()
     for name in ("expand", "conv_size"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+      check_positive(name, getattr(self, name))
     rank = self.dt_rank
     if rank != "auto" and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
       raise ValueError(f"dt_rank must be 'auto' or a positive int, got {rank!r}")

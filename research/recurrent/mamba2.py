@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from research.errors import check_positive
 from research.recurrent.selective import SelectiveLayer, causal_conv
 
 Array = jax.Array
@@ -173,9 +174,7 @@ class Mamba2(SelectiveLayer):
   def check_options(self) -> None:
     super().check_options()
     for name in ("expand", "head_dim", "conv_size"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+      check_positive(name, getattr(self, name))
     if not 0.0 < self.dt_min <= self.dt_max:
       raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min!r}, "
                        f"dt_max={self.dt_max!r}")

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from research.errors import check_positive
 from research.recurrent.diagonal_ssm import DiagonalSSM, System
 
 # The largest dt_max: Λ̄ = exp(Λ Δ) with Re Λ = −½ at initialisation, |Λ̄| = exp(−87) a
@@ -77,8 +78,7 @@ class S5(DiagonalSSM):
 
   def check_config(self) -> None:
     super().check_config()
-    if not isinstance(self.state_size, int) or self.state_size < 1:
-      raise ValueError(f"state_size must be a positive int, got {self.state_size!r}")
+    check_positive("state_size", self.state_size)
     step = 2 * self.blocks if self.conj_sym else self.blocks
     if self.state_size % step:
       raise ValueError(f"state_size must be a multiple of {'2 × ' if self.conj_sym else ''}"
@@ -86,8 +86,7 @@ class S5(DiagonalSSM):
 
   def check_options(self) -> None:
     super().check_options()
-    if not isinstance(self.blocks, int) or self.blocks < 1:
-      raise ValueError(f"blocks must be a positive int, got {self.blocks!r}")
+    check_positive("blocks", self.blocks)
     if not 0.0 < self.dt_min <= self.dt_max <= DT_LIMIT:
       raise ValueError(f"need 0 < dt_min <= dt_max <= {DT_LIMIT:g}, got dt_min="
                        f"{self.dt_min!r}, dt_max={self.dt_max!r} (a longer step makes the "

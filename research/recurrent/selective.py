@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from research.errors import check_choice, check_positive
 from research.recurrent.layers import valid_mask
 
 Array = jax.Array
@@ -65,11 +66,8 @@ def check_scan_options(layer: nn.Module) -> None:
     value = getattr(layer, field.name)
     if isinstance(value, float) and not math.isfinite(value):
       raise ValueError(f"{field.name} must be a finite number, got {value!r}")
-  if layer.mode not in MODES:
-    raise ValueError(f"mode must be one of {MODES}, got {layer.mode!r}")
-  if not isinstance(layer.chunk_size, int) or isinstance(layer.chunk_size, bool) \
-      or layer.chunk_size < 1:
-    raise ValueError(f"chunk_size must be a positive int, got {layer.chunk_size!r}")
+  check_choice("mode", layer.mode, MODES)
+  check_positive("chunk_size", layer.chunk_size)
 
 
 def _direction(tree: Any, k: int) -> Any:
@@ -126,9 +124,7 @@ class SelectiveLayer(nn.Module):
   def check_config(self, features: int | None = None) -> None:
     """check_options, a positive int state size, and (given) the width."""
     self.check_options()
-    if not isinstance(self.state_size, int) or isinstance(self.state_size, bool) \
-        or self.state_size < 1:
-      raise ValueError(f"state_size must be a positive int, got {self.state_size!r}")
+    check_positive("state_size", self.state_size)
     if features is not None:
       self.check_width(features)
 

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from research.errors import check_positive
+
 Array = jax.Array
 
 
@@ -394,6 +396,5 @@ def selective_scan(delta: Array, u: Array, b: Array, c: Array, a: Array, h0: Arr
   stretch's states again from the state kept before it (with ∂C), then its steps backwards
   with the gradients.
   """
-  if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-    raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+  check_positive("chunk", chunk)
   return _scan(Inputs(delta, u, b, c), a, h0, parallel, chunk)
