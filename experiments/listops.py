@@ -37,9 +37,10 @@ Presets:
         5e-4, cosine decay; LayerNorm where it uses BatchNorm. The LRU paper: 60.2%.
   (s5 and lru set model.kind: one model each, not a sweep of the attentions.)
 
-Expected (cpu preset, 2-core CPU, data already generated): full attention 35.70% test
-accuracy in 9.0 minutes (3 000 steps at 5.8 steps/s); the sweep, every attention and the
-LRU / S5 blocks 33.8–39.3% in 4–10 minutes each (docs/results/listops.md, runs committed in
+Expected (cpu preset, 2-core CPU, data already generated): full attention 36.30% test
+accuracy in about 9 minutes (3 000 steps at 6.0 steps/s on one core); the sweep with
+`--workers 2`, every attention and the LRU / S5 blocks 33.0–38.6% in 4–15 minutes each, 64
+minutes in all (docs/results/listops.md, runs committed in
 results/listops_cpu/); in an exploratory sweep (12 runs sharing one H200,
 results/exploratory/listops_h200/) LRU / S5 with mean pooling, other rates or rings, and
 20 000-step runs stayed at 33–35% test accuracy. Data files are written once to

@@ -67,7 +67,10 @@ def setup(root: str, experiment: str, runs: str | None = None,
 
   quick: `NOTEBOOK_QUICK=1` in the environment (CI runs every notebook so). workdir: a new
   temporary directory in quick mode, else root/runs/<runs, default the experiment's name>,
-  where finished runs are read back rather than trained again. The cell after the first:
+  where finished runs are read back rather than trained again; the kernel then works in
+  root, so that a config's relative paths (listops' data.dir "data") mean what they mean to
+  `python launch.py` run there, and a sweep launched so is the notebook's sweep. The cell
+  after the first:
 
       QUICK, experiment, workdir = colab.setup(root, "nmt_dates")
       final_metrics = colab.train(experiment.get_config("attention=dot"), workdir)
@@ -78,9 +81,10 @@ def setup(root: str, experiment: str, runs: str | None = None,
     sys.path.insert(0, configs)
   module = importlib.import_module(experiment)
   name = runs or experiment
-  workdir = (tempfile.mkdtemp(prefix=f"{name}_") if quick
-             else os.path.join(root, "runs", name))
-  return quick, module, workdir
+  if quick:
+    return quick, module, tempfile.mkdtemp(prefix=f"{name}_")
+  os.chdir(root)
+  return quick, module, os.path.join(root, "runs", name)
 
 
 def train(config, workdir: str) -> dict:

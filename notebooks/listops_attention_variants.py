@@ -71,7 +71,6 @@ from IPython.display import Image, Markdown, display
 
 from research.experiments.listops import LRA_TABLE_1
 from research.training import apply_overrides
-from research.training.sweep import point_name
 from research.training.metrics import figure_png
 
 QUICK, experiment, workdir = colab.setup(root, "listops", runs="listops_cpu")
@@ -82,31 +81,43 @@ SIZE = ({"data.min_tree_length": 8, "data.max_tree_length": 150, "data.train_exa
          "train.warmup_steps": 5, "train.log_every": 10, "train.eval_every": 20,
          "train.checkpoint_every": 20}
         if QUICK else {})
-config = apply_overrides(experiment.get_config("preset=cpu"),
-                         {**SIZE, "data.dir": os.path.join(workdir if QUICK else root, "data")})
+data_dir = {"data.dir": os.path.join(workdir, "data")} if QUICK else {}   # else root/data
+config = apply_overrides(experiment.get_config("preset=cpu"), {**SIZE, **data_dir})
 
 # %% [markdown]
 # ## Train every attention variant
 # `colab.sweep` (`run_sweep`) trains each point of `experiment.get_sweep()` (one per
 # `model.attention`, then one per recurrent `model.kind`) into its own directory, skipping
-# finished ones, and returns each point's final metrics.
+# finished ones. `research.predict.compare_runs` reads the sweep back, one row a point: the
+# config keys that differ, the final metrics and where each ran; it warns when the rows
+# mix commits or machines, or ran side by side with other workers of the sweep.
 
 # %%
+from research.predict import compare_runs
+
 points = experiment.get_sweep()[:2] if QUICK else experiment.get_sweep()   # CI: full, local
-rows = colab.sweep(config, points, workdir)
-names = [row.get("model.kind", row.get("model.attention")) for row in rows]   # lru, s5: kinds
+colab.sweep(config, points, workdir)
+runs = compare_runs(workdir)
+kinds = runs.get("model.kind", ["transformer"] * len(runs))       # lru, s5: blocks' kinds
+names = [attention if kind == "transformer" else kind
+         for kind, attention in zip(kinds, runs["model.attention"])]
+display(runs[["model.attention", *(["model.kind"] if "model.kind" in runs else []),
+              "status", "provenance/commit", "provenance/cores", "provenance/side_by_side"]])
 
 # %% [markdown]
 # ## Accuracy, speed and memory beside LRA's Table 1
 # Test accuracy on the held-out split; steps/s is the median training rate; memory is
 # XLA's estimate of one training step (arguments, outputs and temporaries). LRA's figures
 # are for its own setting (length 500–2000, 6 layers of width 512), not this preset's.
+# The committed outputs read a sweep run with `--workers 2` (two points at a time, one core
+# each), beside test runs during its first points: its steps/s and minutes are not a point's
+# alone (compare_runs' warning above); its accuracies are.
 
 # %%
 header = ["attention or block", "test accuracy", "LRA Table 1", "steps/s", "step memory (MiB)",
           "minutes"]
 lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-for name, row in zip(names, rows):
+for name, (_, row) in zip(names, runs.iterrows()):
   lra = f"{LRA_TABLE_1[name]:.2f}%" if name in LRA_TABLE_1 else "—"   # published, not run here
   lines.append(f"| {name} | {row['test/accuracy']:.2%} | {lra} | "
                f"{row['perf/steps_per_second']:.2f} | {row['perf/step_memory_mib']:.0f} | "
@@ -115,7 +126,7 @@ display(Markdown("\n".join(lines)))
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 4))
-for name, row in zip(names, rows):
+for name, (_, row) in zip(names, runs.iterrows()):
   ax.scatter(row["perf/steps_per_second"], 100 * row["test/accuracy"], s=row["perf/step_memory_mib"])
   ax.annotate(name, (row["perf/steps_per_second"], 100 * row["test/accuracy"]),
               textcoords="offset points", xytext=(6, 4))
@@ -133,8 +144,8 @@ display(Image(figure_png(fig)))
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 5))
-for name, point in zip(names, points):
-  with open(os.path.join(workdir, point_name(point), "metrics.jsonl")) as f:
+for name, run in zip(names, runs["workdir"]):
+  with open(os.path.join(run, "metrics.jsonl")) as f:
     curve = [(r["step"], 100 * r["eval/accuracy"]) for r in map(json.loads, f) if "eval/accuracy" in r]
   ax.plot(*zip(*curve), marker=".", label=name)
 ax.set_xlabel("step")
@@ -158,7 +169,7 @@ import numpy as np
 from research import predict, training
 from research.data import listops
 
-restored = training.restore(os.path.join(workdir, point_name(points[names.index("full")])))
+restored = training.restore(runs["workdir"][names.index("full")])
 d = restored.config.data
 drawn = listops.draw_split_trees(d.seed + 1, (32 if QUICK else 500,),
                                  (d.min_tree_length, d.max_tree_length))[0]

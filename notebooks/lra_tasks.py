@@ -88,8 +88,8 @@ SIZE = ({"data.examples": 80, "model.num_layers": 1, "model.hidden_size": 8,
          "train.num_steps": 10, "train.warmup_steps": 2, "train.log_every": 5,
          "train.eval_every": 10, "train.checkpoint_every": 10}
         if QUICK else {})
-config = apply_overrides(experiment.get_config("task=pathfinder,preset=cpu"),
-                         {**SIZE, "data.dir": os.path.join(workdir if QUICK else root, "data")})
+data_dir = {"data.dir": os.path.join(workdir, "data")} if QUICK else {}   # else root/data
+config = apply_overrides(experiment.get_config("task=pathfinder,preset=cpu"), {**SIZE, **data_dir})
 
 # %% [markdown]
 # ## What Pathfinder looks like

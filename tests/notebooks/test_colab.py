@@ -4,6 +4,7 @@ shown, and runs/ kept on Google Drive when the first cell's checkbox asks for it
 import importlib.machinery
 import os
 import sys
+import tempfile
 import types
 
 import pytest
@@ -20,6 +21,23 @@ DISTRIBUTION = "jax-attention-recurrence"       # pyproject.toml's [project] nam
 def test_a_finished_runs_non_finite_final_metrics_are_read_back(tmp_path):
   workdir.write_json(str(tmp_path / "final_metrics.json"), {"train/grad_norm": float("inf")})
   assert colab.train(None, str(tmp_path)) == {"train/grad_norm": float("inf")}
+
+
+def test_full_mode_works_in_the_root_so_a_launched_sweep_is_the_notebooks(tmp_path,
+                                                                          monkeypatch):
+  """A config's relative data.dir ("data") then names root/data, as for `python launch.py`
+  run in the root: a sweep launched there resumes in the notebook (its record's config
+  equal); the quick mode leaves the working directory as it was."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv(colab.QUICK_VARIABLE, "1")
+  quick, _, workdir_ = colab.setup(ROOT, "listops")
+  assert quick and os.getcwd() == str(tmp_path) and workdir_.startswith(tempfile.gettempdir())
+  monkeypatch.setenv(colab.QUICK_VARIABLE, "0")
+  quick, experiment, workdir_ = colab.setup(ROOT, "listops", runs="listops_cpu")
+  assert not quick and os.getcwd() == ROOT
+  assert workdir_ == os.path.join(ROOT, "runs", "listops_cpu")
+  assert os.path.abspath(experiment.get_config("preset=cpu").data.dir) == os.path.join(ROOT,
+                                                                                      "data")
 
 
 def test_training_shows_every_line_the_run_prints(tmp_path, monkeypatch, capsys):
