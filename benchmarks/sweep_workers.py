@@ -14,7 +14,13 @@ started), the median ratio, whether every point's final metrics (beyond perf/*) 
 same in both, and the load average before and after: on a machine shared with other work the
 wall times are noisy, and Linux's scheduler shares the cores out by session. The workers'
 time includes starting them (an interpreter and the package's imports each, about 5 s of
-CPU): points of 20000 steps (about 25 s of CPU each on 2 cores) make it a small part.
+CPU): points of 100 000 steps (about 30 s each on 2 cores) make it a small part.
+
+The ratio cannot fall much below the serial sweep's CPU seconds over its wall seconds,
+halved on 2 cores: this LSTM keeps 1.57 cores busy alone (the Python thread dispatching a
+step while XLA's runs the last), which leaves the workers 0.43 of a core to win (0.71 at
+100 000 steps, docs/running.md). Workers sharing every core instead of one each did worse
+(0.94 against 0.83 at 10 000 steps): each worker's threads then contend with the other's.
 """
 
 import argparse
@@ -50,7 +56,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   parser = cli.Parser(description=__doc__.splitlines()[0])
   parser.add_argument("--workers", type=cli.positive_int, default="2",
                       help="worker processes of the parallel sweep")
-  parser.add_argument("--steps", type=cli.positive_int, default="20000",
+  parser.add_argument("--steps", type=cli.positive_int, default="100000",
                       help="training steps of each point")
   parser.add_argument("--repeats", type=cli.positive_int, default="3",
                       help="times each sweep runs (alternating which goes first)")

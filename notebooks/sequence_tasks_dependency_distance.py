@@ -119,7 +119,9 @@ display(Markdown("\n".join(lines)))
 # steps, far fewer than the paper's). No paper reports the adding problem for LRU, S5 or
 # the selective recurrences at these sizes: they are compared with the gated cells only.
 # S5 and all four selective recurrences learn every T; the LRU missed T = 100 in this run
-# (at the constant answer's MSE), where an earlier sweep of the same recipe reached 0.0007.
+# (at the constant answer's MSE), where an earlier sweep of the same recipe reached 0.0007:
+# its seed's initialisation, not the model (seeds 1 and 2 of this point leave the plateau:
+# docs/results/sequence_tasks.md).
 
 # %% [markdown]
 # ## The plot
