@@ -109,19 +109,25 @@ def environment_with_jax_first(tmp_path) -> tuple[str, str, str, dict]:
   return python, env_site, str(installed), environ
 
 
-def git_repository(tmp_path, notebook: str) -> str:
-  """A git repository of this working tree (what a clone reads), as a file:// address."""
+def git_repository(tmp_path, notebook: str | None) -> str:
+  """A git repository of this working tree (what a clone reads), as a file:// address: the
+  package and `notebook` (None: every file git would commit here)."""
   origin = tmp_path / "origin"
   origin.mkdir()
-  for name in ("pyproject.toml", "README.md", "LICENSE", "research"):
-    source = os.path.join(ROOT, name)
-    if os.path.isdir(source):
-      shutil.copytree(source, origin / name, ignore=shutil.ignore_patterns("__pycache__"))
-    else:
-      shutil.copy(source, origin / name)
-  (origin / "notebooks").mkdir()
-  for name in ("colab.py", notebook):
-    shutil.copy(os.path.join(ROOT, "notebooks", name), origin / "notebooks")
+  if notebook is None:
+    names = subprocess.run(["git", "-C", ROOT, "ls-files", "--cached", "--others",
+                            "--exclude-standard"], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+  else:
+    names = ["pyproject.toml", "README.md", "LICENSE", "notebooks/colab.py",
+             f"notebooks/{notebook}"]
+    names += [os.path.relpath(os.path.join(d, f), ROOT)
+              for d, _, files in os.walk(os.path.join(ROOT, "research"))
+              if "__pycache__" not in d for f in files]
+  for name in names:
+    if os.path.isfile(os.path.join(ROOT, name)):
+      os.makedirs(origin / os.path.dirname(name), exist_ok=True)
+      shutil.copy(os.path.join(ROOT, name), origin / name)
   git = ["git", "-C", str(origin), "-c", "user.name=test", "-c", "user.email=test@localhost"]
   for command in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "the working tree"]):
     subprocess.run(git + command, check=True, capture_output=True)
@@ -160,3 +166,40 @@ def test_first_cell_installs_from_a_git_address_and_keeps_the_pinned_jax(tmp_pat
   assert research_file == str(clone / "research" / "__init__.py"), after.stderr
   assert jax_after == seen["jax_before"]
   assert jax_after[1].startswith(installed)
+
+
+# Every code cell in order in one IPython shell, as a kernel runs them; exits 3 at a failure.
+RUN_EVERY_CELL = """
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+for number, path in enumerate(sys.argv[1:]):
+  if not shell.run_cell(open(path).read()).success:
+    sys.exit(f"code cell {number} failed")
+"""
+
+
+@pytest.mark.long      # a pip install and the notebook in quick mode: minutes each
+@pytest.mark.parametrize("notebook", NAMES)
+def test_a_notebook_installed_by_its_first_cell_runs_to_its_end_in_quick_mode(tmp_path,
+                                                                             notebook):
+  """As a new user would on Colab: the first cell clones the repository (every file of this
+  working tree) into the fresh environment holding a pinned JAX and installs it; then every
+  other cell runs in the same shell, in quick mode, and the pinned JAX is still the one."""
+  python, _, installed, environ = environment_with_jax_first(tmp_path)
+  cells = code_cells(notebook)
+  cells[0] = FORM_ADDRESS.sub(f'REPOSITORY = "{git_repository(tmp_path, None)}"', cells[0])
+  paths = []
+  for number, source in enumerate(cells):
+    paths.append(tmp_path / f"cell{number}.py")
+    paths[-1].write_text(source)
+  content = tmp_path / "content"
+  content.mkdir()
+  result = subprocess.run([python, "-c", RUN_EVERY_CELL, *map(str, paths)], cwd=content,
+                          env=environ | {"NOTEBOOK_QUICK": "1", "MPLBACKEND": "Agg"},
+                          capture_output=True, text=True, timeout=1200)
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+  after = subprocess.run([python, "-c", "import importlib.util as u; "
+                          "print(u.find_spec('jax').origin)"], cwd=tmp_path, env=environ,
+                         capture_output=True, text=True, check=True)
+  assert after.stdout.strip().startswith(installed)
