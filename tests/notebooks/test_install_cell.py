@@ -179,8 +179,8 @@ for number, path in enumerate(sys.argv[1:]):
 """
 
 
-@pytest.mark.long      # a pip install and the notebook in quick mode: minutes each
-@pytest.mark.parametrize("notebook", NAMES)
+@pytest.mark.slow      # a pip install and the notebook in quick mode (10-20 s): one in the suite
+@pytest.mark.parametrize("notebook", long_cases(NAMES, NAMES[1:]))
 def test_a_notebook_installed_by_its_first_cell_runs_to_its_end_in_quick_mode(tmp_path,
                                                                              notebook):
   """As a new user would on Colab: the first cell clones the repository (every file of this
