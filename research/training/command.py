@@ -304,7 +304,7 @@ def read_overrides(config, argv: list[str]) -> tuple[ml_collections.ConfigDict, 
   the last counting), its value parsed and checked by config.parse_value: ConfigError
   naming the key and what is allowed (an unknown key, a wrong type, no value)."""
   values = flags.FlagValues()
-  for key, default in leaves_of(config):
+  for key, default in leaves_of(config, sequences=False):
     flag = (flags.BooleanFlag(f"config.{key}", None, "") if isinstance(default, bool) else
             flags.Flag(None, None, f"config.{key}", None, ""))
     flag.parser = _Override(config, key)

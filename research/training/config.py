@@ -2,6 +2,7 @@
 (`base_config`), variants, overrides, and the checks every value passes before anything is
 compiled (ConfigError naming the key and what is allowed)."""
 
+import ast
 import importlib.util
 import inspect
 import math
@@ -366,12 +367,13 @@ def check_numbers(config) -> None:
       raise ConfigError(f"config.{key}={value!r} must be {bound} (an int32)")
 
 
-def leaves_of(node, key: str = ""):
-  """(dotted key, value) for every leaf under node, in lists and tuples too (key[i])."""
+def leaves_of(node, key: str = "", sequences: bool = True):
+  """(dotted key, value) for every leaf under node, in lists and tuples too (key[i]); with
+  sequences False a list or tuple is one leaf (a key the command line sets whole)."""
   if isinstance(node, (ml_collections.ConfigDict, dict)):
     for name, child in node.items():
-      yield from leaves_of(child, f"{key}.{name}" if key else name)
-  elif isinstance(node, (list, tuple)):
+      yield from leaves_of(child, f"{key}.{name}" if key else name, sequences)
+  elif isinstance(node, (list, tuple)) and sequences:
     for index, child in enumerate(node):
       yield from leaves_of(child, f"{key}[{index}]")
   else:
@@ -441,7 +443,9 @@ def check_key(config, key: str) -> None:
 
 
 def parse_value(config, key: str, text: str):
-  """Parses a command-line value to the type of config.key's default."""
+  """Parses a command-line value to the type of config.key's default; a tuple or list from a
+  Python literal, as ml_collections' config_flags reads one ("(64, 128)"; a lone value "64"
+  is the tuple (64,), a bare word "mamba" ("mamba",))."""
   check_key(config, key)
   default = get(config, key)
   kind = type(default)
@@ -452,6 +456,12 @@ def parse_value(config, key: str, text: str):
       return text.lower() in ("true", "1")
     if kind in (int, float):
       return kind(text)
+    if kind in (tuple, list):
+      try:
+        value = ast.literal_eval(text)
+      except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = text                       # a bare word: one str, as config_flags reads it
+      return kind(value if isinstance(value, (tuple, list)) else (value,))
   except ValueError:
     raise ConfigError(f"config.{key}={text!r} must be of type {kind.__name__} "
                       f"(like its default {default!r})") from None

@@ -1,9 +1,11 @@
 """launch.py's config handling in process: the one load of a config file, --config parsing."""
 
+import os
 import sys
 
 import pytest
 import tiny
+from ml_collections.config_flags import tuple_parser
 
 from research.errors import ConfigError
 from research.training import command
@@ -56,3 +58,13 @@ def test_overrides_are_checked_against_the_loaded_config():
   assert overridden.model.hidden_size == 8 and config.model.hidden_size != 8
   with pytest.raises(ConfigError, match="config.model.hidden_size='eight' must be of type int"):
     command.read_overrides(config, ["launch.py", "--config.model.hidden_size", "eight"])
+
+
+@pytest.mark.parametrize("text", ["(64,)", "64", "('mamba2',)", "mamba2", "((64, 16, 64, 1500),)",
+                                  "[1, 2]", "a,b"])
+def test_a_tuple_key_is_read_as_ml_collections_config_flags_reads_it(text):
+  """mqar's config.sweep.* narrow its sweep from the command line (refused as a bool's
+  --noconfig before); the value is config_flags' TupleParser's."""
+  config, _ = load_config(os.path.join(tiny.ROOT, "experiments", "mqar.py") + ":preset=cpu")
+  overridden, _ = command.read_overrides(config, ["launch.py", f"--config.sweep.models={text}"])
+  assert overridden.sweep.models == tuple_parser.TupleParser().parse(text)
