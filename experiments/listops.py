@@ -39,7 +39,7 @@ Presets:
 
 Expected (cpu preset, 2-core CPU, data already generated): full attention 36.30% test
 accuracy in about 9 minutes (3 000 steps at 6.0 steps/s on one core); the sweep with
-`--workers 2`, every attention and the LRU / S5 blocks 33.0–38.6% in 4–15 minutes each, 64
+`--workers 2`, every attention and the LRU / S5 blocks 33.0–38.6% in 4–15 minutes each, 62
 minutes in all (docs/results/listops.md, runs committed in
 results/listops_cpu/); in an exploratory sweep (12 runs sharing one H200,
 results/exploratory/listops_h200/) LRU / S5 with mean pooling, other rates or rings, and
