@@ -22,11 +22,11 @@ DRIVE = "/content/drive"            # where Colab mounts Google Drive
 
 def install(root: str, runs_on_drive: bool = False) -> None:
   """`pip install -e root[compare]` (the package's dependencies, and pandas) unless the
-  distribution that root's pyproject.toml names is installed already. The installed jax and jaxlib are named at
-  their own versions, so pip keeps them (Colab's carry its GPU or TPU plugin). pip's editable
-  install adds a `.pth` file, which Python reads only at start-up: a running kernel imports
-  the package because the first cell put `root` on `sys.path`. With `runs_on_drive`, root/runs
-  is kept on Google Drive (`keep_runs_on_drive`)."""
+  distribution that root's pyproject.toml names is installed already. The installed jax and
+  jaxlib are named at their own versions, so pip keeps them (Colab's carry its GPU or TPU
+  plugin). pip's editable install adds a `.pth` file, which Python reads only at start-up: a
+  running kernel imports the package because the first cell put `root` on `sys.path`. With
+  `runs_on_drive`, root/runs is kept on Google Drive (`keep_runs_on_drive`)."""
   name = _distribution(root)
   if _installed_version(name) is None:
     keep = [f"{package}=={version}" for package in ("jax", "jaxlib")

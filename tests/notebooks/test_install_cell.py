@@ -33,13 +33,15 @@ with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
   DISTRIBUTION = re.sub(r"[-_.]+", "_", tomllib.load(f)["project"]["name"]).lower()
 FORM_ADDRESS = re.compile(r'^REPOSITORY = "[^"]*"', re.M)     # the form's text field
 
-# Runs the cell in file argv[1] in IPython's shell, as a kernel would; exits 3 if it failed.
+# Runs the cells in files argv[1:] in order in one IPython shell, as a kernel would; exits 3
+# at the first that fails.
 RUN_CELL = """
 import sys
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
-if not shell.run_cell(open(sys.argv[1]).read()).success:
-  sys.exit(3)
+for path in sys.argv[1:]:
+  if not shell.run_cell(open(path).read()).success:
+    sys.exit(3)
 """
 # The same in a fresh environment, then what the next cells see.
 RUN_FIRST_CELL = """
@@ -168,16 +170,6 @@ def test_first_cell_installs_from_a_git_address_and_keeps_the_pinned_jax(tmp_pat
   assert jax_after[1].startswith(installed)
 
 
-# Every code cell in order in one IPython shell, as a kernel runs them; exits 3 at a failure.
-RUN_EVERY_CELL = """
-import sys
-from IPython.core.interactiveshell import InteractiveShell
-shell = InteractiveShell.instance()
-for number, path in enumerate(sys.argv[1:]):
-  if not shell.run_cell(open(path).read()).success:
-    sys.exit(f"code cell {number} failed")
-"""
-
 
 @pytest.mark.slow      # a pip install and the notebook in quick mode (10-20 s): one in the suite
 @pytest.mark.parametrize("notebook", long_cases(NAMES, NAMES[1:]))
@@ -189,13 +181,12 @@ def test_a_notebook_installed_by_its_first_cell_runs_to_its_end_in_quick_mode(tm
   python, _, installed, environ = environment_with_jax_first(tmp_path)
   cells = code_cells(notebook)
   cells[0] = FORM_ADDRESS.sub(f'REPOSITORY = "{git_repository(tmp_path, None)}"', cells[0])
-  paths = []
-  for number, source in enumerate(cells):
-    paths.append(tmp_path / f"cell{number}.py")
-    paths[-1].write_text(source)
+  paths = [tmp_path / f"cell{number}.py" for number in range(len(cells))]
+  for path, source in zip(paths, cells):
+    path.write_text(source)
   content = tmp_path / "content"
   content.mkdir()
-  result = subprocess.run([python, "-c", RUN_EVERY_CELL, *map(str, paths)], cwd=content,
+  result = subprocess.run([python, "-c", RUN_CELL, *map(str, paths)], cwd=content,
                           env=environ | {"NOTEBOOK_QUICK": "1", "MPLBACKEND": "Agg"},
                           capture_output=True, text=True, timeout=1200)
   assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
