@@ -1,26 +1,36 @@
 """A sweep's wall time with worker processes against the serial sweep, measured side by side.
 
     python3 project.py bench sweep_workers              # 4 points, 2 workers, 3 repeats
-    python benchmarks/sweep_workers.py --steps 3000 --repeats 1
+    python benchmarks/sweep_workers.py --sizes small --steps 3000 --repeats 1
 
-Four points of a small sequence_tasks config (an LSTM of width 16 on the adding task, four
-learning rates: points of one cost) are trained into fresh workdirs by
-`run_sweep(..., workers=1)` (one point after another in this process, on every core it has)
-and by `run_sweep(..., workers=N)` (N worker processes, each on its share of the cores), in
-alternating order, `--repeats` times; the persistent compilation cache is off, so both
-compile every point. It prints each repeat's wall seconds and their ratio (workers /
-serial), the CPU seconds each sweep took (this process's threads and the workers it
-started), the median ratio, whether every point's final metrics (beyond perf/*) are the
-same in both, and the load average before and after: on a machine shared with other work the
-wall times are noisy, and Linux's scheduler shares the cores out by session. The workers'
-time includes starting them (an interpreter and the package's imports each, about 5 s of
-CPU): points of 100 000 steps (about 30 s each on 2 cores) make it a small part.
+Four points of sequence_tasks' adding problem with an LSTM, four learning rates (points of
+one cost), are trained into fresh workdirs by `run_sweep(..., workers=1)` (one point after
+another in this process, on every core it has) and by `run_sweep(..., workers=N)` (N worker
+processes, each on its share of the cores), in alternating order, `--repeats` times; the
+persistent compilation cache is off, so both compile every point. `--sizes` picks the points:
 
-The ratio cannot fall much below the serial sweep's CPU seconds over its wall seconds,
-halved on 2 cores: this LSTM keeps 1.57 cores busy alone (the Python thread dispatching a
-step while XLA's runs the last), which leaves the workers 0.43 of a core to win (0.71 at
-100 000 steps, docs/running.md). Workers sharing every core instead of one each did worse
-(0.94 against 0.83 at 10 000 steps): each worker's threads then contend with the other's.
+  config  the experiment's own sizes (width 64, batch 64, T = 100) and its 2 000 steps: the
+          points of its README sweep. A step's XLA work (about 7 ms) dwarfs Python's
+          dispatch; the serial sweep keeps 1.25 cores busy (XLA splits some of a step's
+          operations over its 2 threads). Measured 0.73× (55.7 s against 75.9 s, medians
+          of 3 repeats), the same final metrics.
+  small   width 16, batch 16, T = 12, 100 000 steps: a step of about 0.3 ms, as long as
+          Python's dispatch of it. The serial sweep keeps 1.54 cores busy alone (Python
+          dispatches a step while XLA runs the last), which leaves workers less than half
+          a core to win: 0.76× (99.6 s against 130.4 s, one repeat).
+
+Each worker's XLA pool has as many threads as the serial sweep's (on its one core), so that
+its long reductions split as the serial sweep's do and every point ends with the serial
+sweep's bits (research/training/sweep_workers.py). Workers whose pool had one thread (started
+on one core) were faster, 0.64× for `config` (50.2 s against 76.8 s), but ended with other
+last digits; workers sharing both cores with 2 threads each took 0.72×.
+
+It prints each repeat's wall seconds and their ratio (workers / serial), the CPU seconds each
+sweep took (this process's threads and the workers it started), the median ratio, whether
+every point's final metrics (beyond perf/*) are the same in both, and the load average before
+and after: on a machine shared with other work the wall times are noisy, and Linux's
+scheduler shares the cores out by session. The workers' time includes starting them (an
+interpreter and the package's imports each, about 5 s of CPU).
 """
 
 import argparse
@@ -47,8 +57,11 @@ with jax_start.held_back():   # the aot toolchains' plugins log when JAX starts
   from research.training.sweep import run_sweep
 
 CONFIG = os.path.join(ROOT, "experiments", "sequence_tasks.py") + ":task=adding,model=lstm"
-OVERRIDES = {"data.length": 12, "data.eval_examples": 64, "model.hidden_size": 16,
-             "train.batch_size": 16, "train.log_every": 100}
+SIZES = {  # --sizes: the overrides of the config's keys (module docstring)
+    "config": {},
+    "small": {"data.length": 12, "data.eval_examples": 64, "model.hidden_size": 16,
+              "train.batch_size": 16, "train.log_every": 100, "train.num_steps": 100_000},
+}
 RATES = (0.01, 0.003, 0.001, 0.0003)
 
 
@@ -56,8 +69,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
   parser = cli.Parser(description=__doc__.splitlines()[0])
   parser.add_argument("--workers", type=cli.positive_int, default="2",
                       help="worker processes of the parallel sweep")
-  parser.add_argument("--steps", type=cli.positive_int, default="100000",
-                      help="training steps of each point")
+  parser.add_argument("--sizes", default="config", choices=tuple(SIZES),
+                      help="the points' sizes (module docstring; default: %(default)s)")
+  parser.add_argument("--steps", type=cli.positive_int, default=None,
+                      help="training steps of each point (default: the sizes' own, 2 000 or "
+                           "100 000)")
   parser.add_argument("--repeats", type=cli.positive_int, default="3",
                       help="times each sweep runs (alternating which goes first)")
   return cli.parse(parser, argv, check_workers)
@@ -93,11 +109,12 @@ def without_perf(rows: list[dict]) -> list[dict]:
 def main():
   args = parse_arguments()
   jax.config.update("jax_enable_compilation_cache", False)    # every point compiles
-  config = apply_overrides(load_config(CONFIG)[0], {
-      **OVERRIDES, "train.num_steps": args.steps, "train.eval_every": args.steps,
-      "train.checkpoint_every": args.steps})
+  config = apply_overrides(load_config(CONFIG)[0], SIZES[args.sizes])
+  steps = args.steps or config.train.num_steps
+  config = apply_overrides(config, {"train.num_steps": steps, "train.eval_every": steps,
+                                    "train.checkpoint_every": steps})
   points = [{"train.learning_rate": rate} for rate in RATES]
-  print(f"{len(points)} points of {args.steps} steps; {len(os.sched_getaffinity(0))} cores; "
+  print(f"{len(points)} points of {steps} steps ({args.sizes} sizes); {len(os.sched_getaffinity(0))} cores; "
         f"load average before: {os.getloadavg()[0]:.2f}")
   print("| repeat | serial s | workers s | ratio | serial CPU s | workers CPU s |\n"
         "|---|---|---|---|---|---|")

@@ -1,9 +1,10 @@
 """Worker processes that train a sweep's points side by side (`run_sweep(..., workers=N)`):
-each starts on its share of this process's CPU cores (its affinity, which also sizes XLA's
-CPU thread pool) and, on a GPU host, one GPU (CUDA_VISIBLE_DEVICES), both set before its
-interpreter starts; jobs go in and results come out as pickles over pipes, its output is
-passed on line by line under its point's name, its errors are raised here as the same
-one-line errors, and a stop signal is passed on once (docs/running.md, "Sweeps").
+each runs on its share of this process's CPU cores (its threads' affinity, set once JAX has
+sized its CPU thread pool by every core, as the serial sweep's) and, on a GPU host, one GPU
+(CUDA_VISIBLE_DEVICES, set before its interpreter starts); jobs go in and results come out
+as pickles over pipes, its output is passed on line by line under its point's name, its
+errors are raised here as the same one-line errors, and a stop signal is passed on once
+(docs/running.md, "Sweeps").
 """
 
 import contextlib
@@ -83,7 +84,7 @@ def check_workers(workers, root: str = "/") -> list[Slot]:
   each (`visible_gpus`). ConfigError unless `workers` is a whole number from 1 to the number
   of cores (and of GPUs where there are any); a TPU host takes 1 (one process holds its
   chips: split a sweep over TPU hosts with shards)."""
-  cores = sorted(os.sched_getaffinity(0))
+  cores = _cores()
   accelerator = jax_start.visible_accelerator(root)
   gpus = visible_gpus(root) if accelerator == "gpu" else []
   if accelerator == "tpu":
@@ -167,12 +168,12 @@ class _Worker:
         SIDE_BY_SIDE: str(side_by_side)}          # in each run's provenance
     if slot.gpu is not None:
       environment["CUDA_VISIBLE_DEVICES"] = slot.gpu
-    try:    # its own session: a Ctrl-C at the terminal reaches this process alone, and
-      with _affinity(slot.cores):   # Linux's scheduler gives it a share of its own (autogroup)
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", SERVE, str(results_writer)], stdin=subprocess.PIPE,
-            stdout=output_writer, stderr=subprocess.STDOUT, env=environment,
-            start_new_session=True, pass_fds=(results_writer,))
+    try:    # its own session: a Ctrl-C at the terminal reaches this process alone, and Linux's
+      # scheduler gives it a share of its own (autogroup)
+      self.process = subprocess.Popen(
+          [sys.executable, "-c", SERVE, str(results_writer)], stdin=subprocess.PIPE,
+          stdout=output_writer, stderr=subprocess.STDOUT, env=environment,
+          start_new_session=True, pass_fds=(results_writer,))
     finally:
       os.close(output_writer)
       os.close(results_writer)
@@ -180,7 +181,7 @@ class _Worker:
     os.set_blocking(self.output, False)
     settings = {name: getattr(jax.config, name) for name in CARRIED_SETTINGS
                 if not (name == "jax_platforms" and slot.gpu is not None)}
-    self.send({"settings": settings, "argv": sys.argv, "path": sys.path})
+    self.send({"settings": settings, "argv": sys.argv, "path": sys.path, "cores": slot.cores})
 
   @property
   def label(self) -> str:
@@ -370,16 +371,25 @@ def _rebuilt(error_class, message: str) -> BaseException | None:
   return None
 
 
-@contextlib.contextmanager
-def _affinity(cores: tuple[int, ...]):
-  """This thread's CPU affinity set to `cores` while the block runs: a process started in it
-  inherits them (on Linux, a new process takes the affinity of the thread that forks it)."""
-  before = os.sched_getaffinity(0)
-  os.sched_setaffinity(0, cores)
-  try:
-    yield
-  finally:
-    os.sched_setaffinity(0, before)
+def _cores() -> list[int]:
+  """This process's CPU cores: its affinity, or every core where the system has no
+  affinity (macOS, Windows)."""
+  if hasattr(os, "sched_getaffinity"):
+    return sorted(os.sched_getaffinity(0))
+  return list(range(os.cpu_count() or 1))
+
+
+def _pin(cores: tuple[int, ...]) -> None:
+  """Every thread of this process onto `cores`, once JAX's backend has started: XLA sized its
+  CPU thread pool by the cores the process started with, every core of the sweep, so a
+  long reduction splits over as many threads as in the serial sweep and gives its bits
+  (a worker started on one core differed in the last digits). Where the system has no
+  affinity (macOS, Windows) the workers share every core."""
+  jax.devices()
+  if hasattr(os, "sched_setaffinity"):
+    for thread in os.listdir("/proc/self/task"):
+      with contextlib.suppress(ProcessLookupError):     # a thread that has ended since
+        os.sched_setaffinity(int(thread), cores)
 
 
 def _package_root() -> str:
@@ -430,6 +440,7 @@ def serve() -> None:
   sys.argv, sys.path[:] = first["argv"], first["path"]
   for name, value in first["settings"].items():
     jax.config.update(name, value)
+  _pin(first["cores"])
   verbose = "--verbose" in sys.argv        # as launch.py: other threads' failures watched,
   command.watch(verbose)                   # the libraries' logs through absl's handler (as
   logging.use_absl_handler()               # absl's app.run sets it), quiet unless --verbose

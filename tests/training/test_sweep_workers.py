@@ -264,29 +264,47 @@ def test_a_points_error_in_a_worker_is_the_serial_sweeps_error(tmp_path):
                               "run writes a directory checkpoints there")
 
 
-def _cores_and_xla_threads() -> tuple[list[int], int]:
-  """This process's CPU cores and the threads of XLA's CPU pool (named tf_XLAEigen), once a
-  computation has run. Module-level: a worker imports it."""
-  jax.jit(jnp.sum)(jnp.ones(1 << 20)).block_until_ready()
+def _long_sum() -> bytes:
+  """A sum of 2^20 floats: long enough for XLA to split it over its CPU threads, so its last
+  digits depend on how many there are."""
+  numbers = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+  return np.asarray(jax.jit(jnp.sum)(numbers)).tobytes()
+
+
+def _cores_xla_threads_and_long_sum() -> tuple[list[int], int, bytes]:
+  """This process's CPU cores, the threads of XLA's CPU pool (named tf_XLAEigen) and
+  `_long_sum`. Module-level: a worker imports it."""
+  total = _long_sum()
   names = []
   for thread in os.listdir("/proc/self/task"):
     with open(f"/proc/self/task/{thread}/comm") as f:
       names.append(f.read().strip())
-  return sorted(os.sched_getaffinity(0)), names.count("tf_XLAEigen")
+  return sorted(os.sched_getaffinity(0)), names.count("tf_XLAEigen"), total
 
 
 @pytest.mark.long
-def test_each_worker_runs_on_its_cores_and_xla_uses_as_many_threads(capsys):
+def test_each_worker_runs_on_its_cores_with_the_sweeps_xla_threads_and_its_sums(capsys):
+  """Each worker's threads on its share of the cores, XLA's pool as large as this process's
+  (every core), so a long sum has this process's bits (it differed on one core's pool)."""
   if len(CORES) < 2:
     pytest.skip("needs 2 CPU cores")
   slots = sweep_workers.check_workers(2)
-  jobs = [sweep_workers.Job(k, f"job {k}", _cores_and_xla_threads, ()) for k in range(2)]
+  jobs = [sweep_workers.Job(k, f"job {k}", _cores_xla_threads_and_long_sum, ())
+          for k in range(2)]
   started = []
   results = dict(sweep_workers.run(jobs, slots, on_start=started.append))
-  assert sorted(results.values()) == sorted((list(slot.cores), len(slot.cores))
+  assert sorted(results.values()) == sorted((list(slot.cores), len(CORES), _long_sum())
                                             for slot in slots)
   assert started == []                 # the jobs never called report_start
   assert capsys.readouterr().err == ""
+
+
+def test_without_affinity_the_workers_share_every_core(tmp_path, monkeypatch):
+  """macOS and Windows have no CPU affinity: the cores are os.cpu_count()'s."""
+  monkeypatch.delattr(os, "sched_getaffinity")
+  monkeypatch.setattr(os, "cpu_count", lambda: 4)
+  assert [slot.cores for slot in sweep_workers.check_workers(2, str(tmp_path))] == [(0, 1),
+                                                                                    (2, 3)]
 
 
 @pytest.mark.slow
