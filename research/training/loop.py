@@ -78,6 +78,7 @@ from research.training.workdir import (
 )
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+PLOT_SECONDS = 30   # loss.png redrawn at an evaluation at most this often, and at the last step
 
 
 class WriteError(RunFailed):
@@ -241,7 +242,7 @@ def train(config, workdir: str, experiment: Experiment,
       state = strategy.put_state(state)
 
       # ---- Loop -----------------------------------------------------------------------------
-      progress, rates, pending = Progress(train.num_steps, start), [], []
+      progress, rates, pending, plotted = Progress(train.num_steps, start), [], [], None
       agreement = StopAgreement()
       with (_closing(checkpoints, progress, writer), _stop_signals() as stop,
             Profiler(train.profile_steps, workdir) as profiler):
@@ -273,8 +274,10 @@ def train(config, workdir: str, experiment: Experiment,
             if step % train.eval_every == 0 or step == train.num_steps:
               writer.write(step, evaluate_batches(steps.eval, strategy, state.params,
                                                     workload.eval_data))
-              if jax.process_index() == 0:
-                plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))
+              if jax.process_index() == 0 and (step == train.num_steps or plotted is None
+                                               or time.perf_counter() - plotted >= PLOT_SECONDS):
+                plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))   # 0.1-0.3 s
+                plotted = time.perf_counter()
             if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
               checkpoints.save(step, strategy.host_state(state), workload.train_data.get_state(),
                                _to_json(unlogged))

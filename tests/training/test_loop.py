@@ -54,6 +54,21 @@ def test_trains_once_compiled_and_fills_the_workdir(tmp_path, capsys):
   assert any(name.endswith(".xplane.pb") for name in os.listdir(os.path.dirname(trace)))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seconds, drawn", [(3600, [10, 60]), (0, [10, 20, 30, 40, 50, 60])])
+def test_the_loss_plot_is_redrawn_at_most_every_plot_seconds_and_at_the_end(
+    seconds, drawn, tmp_path, monkeypatch):
+  """Drawing loss.png takes 0.1-0.3 s: at an evaluation every 10 steps it cost a fifth of a
+  small run's time. It is drawn at the first evaluation, then once PLOT_SECONDS have passed,
+  and at the last step."""
+  steps = []
+  monkeypatch.setattr(loop, "PLOT_SECONDS", seconds)
+  monkeypatch.setattr(loop, "plot_curves",
+                      lambda history, path: steps.append(history[-1]["step"]))
+  train_and_evaluate(tiny.config(**{"train.eval_every": 10}), str(tmp_path), tiny.task())
+  assert steps == drawn
+
+
 def _poisoned(first_bad: int):
   """The tiny task, its training batches NaN from step first_bad on."""
   task = tiny.task()
