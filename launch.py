@@ -1,7 +1,5 @@
 """Trains an experiment (or its sweep), compiles it for a chip it needs not have, or evaluates
-or exports a run (docs/running.md): launch.py --config experiments/NAME.py[:ARGS] [--config.KEY=V
-...] [--workdir DIR] [--sweep [--workers N] [--shard I/N]] [--compile_only=TARGET]; launch.py
---workdir DIR --eval_only|--export [--step N]. No flags: the default experiment, runs/NAME-TIME."""
+or exports a run: docs/running.md. No flags: the default experiment, into runs/NAME-TIME."""
 
 import sys
 
@@ -18,7 +16,7 @@ with jax_start.held_back("--verbose" not in sys.argv):   # JAX's plugins log on 
 
   from research import experiments
   from research.aot import targets
-  from research.training import command, compile, parallel, run_sweep, train_and_evaluate
+  from research.training import command, compile, parallel, run_sweep, train, validate
   from research.training.compile_only import REPORT, SUMMARY, compile_sweep, table
   from research.training.config import sweep_points
   from research.training.export import export_run
@@ -47,7 +45,7 @@ _COMPILATION_CACHE = flags.DEFINE_string("compilation_cache", compile.CACHE_DIRE
 _VERBOSE = flags.DEFINE_bool("verbose", False, "show tracebacks and the libraries' INFO logs")
 
 
-def train(parsed: command.Command) -> None:
+def train_or_compile(parsed: command.Command) -> None:
   """Trains the experiment (each point of its sweep with --sweep), or compiles it for a target."""
   config, module, target = parsed.config, parsed.module, parsed.target
   name = os.path.basename(_CONFIG.value.partition(":")[0])[:-3]
@@ -73,7 +71,8 @@ def train(parsed: command.Command) -> None:
               shard=parse_shard(_SHARD.value))
     print(f"sweep summary: {os.path.join(workdir, 'summary.md')}")
   else:
-    final = train_and_evaluate(config, workdir, experiment)
+    validate(config, experiment)          # train_and_evaluate's two steps: a frame less
+    final = train(config, workdir, experiment)
     print(json.dumps({k: round(v, 6) for k, v in final.items()}, indent=2), f"workdir: {workdir}",
           sep="\n")
 
@@ -112,8 +111,8 @@ def run(argv: list[str]) -> None:
   with command.ended(verbose):
     parsed = command.parse(argv)
   work = {"eval_only": evaluate, "export": export}.get(
-      parsed.mode, functools.partial(train, parsed))
-  app.run(lambda _: command.run(work, verbose), argv=argv[:1], flags_parser=lambda left: left)
+      parsed.mode, functools.partial(train_or_compile, parsed))
+  app.run(functools.partial(command.run, work, verbose), argv=argv[:1], flags_parser=lambda x: x)
 
 
 if __name__ == "__main__":

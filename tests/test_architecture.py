@@ -4,6 +4,8 @@ module imports from a layer above its own (the layers as the page lists them).""
 import ast
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -103,3 +105,42 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
   (fake / "bad.py").write_text("def f():\n  from research import experiments\n")
   (imported,) = _imports(os.path.join("research", "training", "bad.py"), str(tmp_path))
   assert _layers(_page())[_package(imported)] < _layers(_page())["training"]
+
+
+# launch.py with the model raising inside the train step: the frames of our own files between
+# the command and the model, printed one per line (the model's own frame left out)
+TRAIN_STEP_FAILS = """
+import os, sys, traceback
+import launch
+from research.models import seq2seq
+
+def fail(self, *args, **kwargs):
+  if any(frame.name == "step" and frame.filename.endswith("train_step.py")
+         for frame in traceback.extract_stack()):
+    raise RuntimeError("the model fails in the train step")
+  return call(self, *args, **kwargs)
+
+call, seq2seq.Seq2Seq.__call__ = seq2seq.Seq2Seq.__call__, fail
+try:
+  launch.run(["launch.py", "--workdir", sys.argv[1], "--config.train.num_steps=2",
+              "--config.model.hidden_size=8", "--config.train.batch_size=4"])
+except RuntimeError as error:
+  for frame in traceback.extract_tb(error.__traceback__)[:-1]:
+    path = os.path.abspath(frame.filename)
+    if path.startswith(os.getcwd()) and "site-packages" not in path and frame.filename[0] != "<":
+      print(os.path.relpath(path), frame.name)
+"""
+
+
+@pytest.mark.slow
+def test_a_traceback_from_launch_to_the_model_in_the_train_step_holds_ten_frames_of_ours(
+    tmp_path):
+  """The runtime's depth as a reader of a traceback meets it: at most 10 frames of our own
+  from launch.py to the model's __call__ in the train step (`python launch.py` adds the
+  module's frame to those printed here, from launch.run to the experiment's loss)."""
+  done = subprocess.run([sys.executable, "-c", TRAIN_STEP_FAILS, str(tmp_path / "run")],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  frames = done.stdout.splitlines()
+  assert frames[0] == "launch.py run" and frames[-1].startswith("research/experiments/"), (
+      done.stdout + done.stderr[-3000:])
+  assert 1 + len(frames) <= 10, "\n".join(frames)

@@ -390,9 +390,10 @@ ORBAX = f"{os.sep}orbax{os.sep}"         # in the path of Orbax's modules
 ORBAX_TEMPORARY = ".orbax-checkpoint-tmp"  # in the path of a save Orbax has not finished
 
 
-def run(work: Callable[[], None], verbose: bool) -> None:
+def run(work: Callable[[], None], verbose: bool, _argv: list[str] | None = None) -> None:
   """Does the command's `work`, the other threads watched; ends the process as `ended`
-  says, or with status 0 (unless another thread failed: `ending`)."""
+  says, or with status 0 (unless another thread failed: `ending`). (`_argv`: what absl's
+  app.run passes its main.)"""
   watch(verbose)
   if not verbose:
     quiet_libraries()
