@@ -37,14 +37,15 @@ wall time of the whole run):
 (lru and s5: the transformer's blocks and budget, a causal linear recurrence of 64 complex
 states in attention's place; measured in the notebook's run, which shared the CPU with
 nothing but the notebook.) The selective recurrences, in the same blocks with the same
-budget, from a later execution of the notebook (CPython 3.11.7; the GRU 1.701 there):
+budget, from the latest execution of the notebook (CPython 3.11.7; the GRU 1.701 there):
 
-  mamba           2000 steps   1.801    1.6   22 min 49 s
-  mamba2          2000 steps   1.767    2.7   14 min 3 s
-  gla             2000 steps   2.055    3.6   11 min 38 s
-  deltanet        2000 steps   1.872    2.6   14 min 56 s
+  mamba           2000 steps   1.801    1.4   27.6 min
+  mamba2          2000 steps   1.766    2.5   15.2 min
+  gla             2000 steps   2.039    3.6   11.1 min
+  deltanet        2000 steps   1.872    2.9   12.7 min
 
-(each run after the other on 2 cores beside light work; docs/results/char_lm.md).
+(two runs at a time on 2 cores, so steps/s and minutes are not a run's alone;
+docs/results/char_lm.md).
 
 Other Python versions read other libraries (the manifest says which): the compressor rows
 are computed in the same run on the same bytes, so compare against them. On a CPU the

@@ -120,13 +120,24 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Bits per byte on the test split
 # Every byte of the test files scored once (lower is better), beside the two compressors
-# on the same bytes; "vs xz" is the model's bits over xz's.
+# on the same bytes; "vs xz" is the model's bits over xz's. `research.predict.compare_runs`
+# reads the runs back, one row a run: the config keys that differ, the final metrics and
+# where each ran; it warns when the rows mix commits or machines, or ran side by side. The
+# committed outputs read runs trained two at a time, each model one
+# `RESEARCH_RUNS_SIDE_BY_SIDE=2 python launch.py --config experiments/char_lm.py:model=KIND
+# --workdir runs/char_lm/KIND` after another in two chains (the variable records it in each
+# run's provenance): their steps / s and minutes are not a run's alone; their bits are.
 
 # %%
+from research.predict import compare_runs
+
+runs = compare_runs([os.path.join(workdir, kind) for kind in MODELS])
+display(runs[["model.kind", "status", "provenance/commit", "provenance/cores",
+              "provenance/side_by_side"]])
 first = results[MODELS[0]]
 lines = ["| model | test bits / byte | vs xz | training steps | steps / s | minutes |",
          "|---|---|---|---|---|---|"]
-for kind, r in results.items():
+for kind, (_, r) in zip(MODELS, runs.iterrows()):
   config = json.loads(read(kind, "config.json"))
   lines.append(f"| {kind} | {r['test/bits_per_byte']:.3f} | "
                f"{r['test/bits_per_byte'] / r['test/xz_bits_per_byte']:.2f} | "
