@@ -11,7 +11,7 @@ persistent compilation cache is off, so both compile every point. `--sizes` pick
 
   config  the experiment's own sizes (width 64, batch 64, T = 100) and its 2 000 steps: the
           points of its README sweep. A step's XLA work (about 7 ms) dwarfs Python's
-          dispatch; the serial sweep keeps 1.25 cores busy (XLA splits some of a step's
+          dispatch; the serial sweep keeps 1.27 cores busy (XLA splits some of a step's
           operations over its 2 threads). Measured 0.73× (55.7 s against 75.9 s, medians
           of 3 repeats), the same final metrics.
   small   width 16, batch 16, T = 12, 100 000 steps: a step of about 0.3 ms, as long as
@@ -114,7 +114,8 @@ def main():
   config = apply_overrides(config, {"train.num_steps": steps, "train.eval_every": steps,
                                     "train.checkpoint_every": steps})
   points = [{"train.learning_rate": rate} for rate in RATES]
-  print(f"{len(points)} points of {steps} steps ({args.sizes} sizes); {len(os.sched_getaffinity(0))} cores; "
+  print(f"{len(points)} points of {steps} steps ({args.sizes} sizes); "
+        f"{len(os.sched_getaffinity(0))} cores; "
         f"load average before: {os.getloadavg()[0]:.2f}")
   print("| repeat | serial s | workers s | ratio | serial CPU s | workers CPU s |\n"
         "|---|---|---|---|---|---|")

@@ -44,9 +44,10 @@ Expected (cpu preset, the sweep; docs/results/mqar.md): full attention and BigBi
 99.9–100% of the queries at both widths and panels; every linear mixer, the LRU and S5 stay
 below 15% (at width 64 and 16 pairs 90–99 points below full attention); of the selective
 family DeltaNet answers 100% at both widths and panels, Mamba-2 99.0% with 16 pairs at width
-64, Mamba and GLA stay near the linear mixers (14% with 8, 9–10% with 16). For scale, the base config (full attention, width 64, 8 pairs in 64 tokens) leaves the plateau
-of answering one of the values present (about 1/8) near step 600 and ends at 99.9%
-eval/accuracy, in about a minute on 2 cores.
+64, Mamba and GLA stay near the linear mixers (14% with 8, 9–10% with 16). For scale, the
+base config (full attention, width 64, 8 pairs in 64 tokens) leaves the plateau of answering
+one of the values present (about 1/8) near step 600 and ends at 99.9% eval/accuracy, in about
+a minute on 2 cores.
 
 Variant arguments (comma-separated key=value):
   preset  cpu | zoology                                         (default zoology)

@@ -134,7 +134,7 @@ from research.predict import compare_runs
 runs = compare_runs([os.path.join(workdir, kind) for kind in MODELS])
 display(runs[["model.kind", "status", "provenance/commit", "provenance/cores",
               "provenance/side_by_side"]])
-first = results[MODELS[0]]
+first = runs.iloc[0]
 lines = ["| model | test bits / byte | vs xz | training steps | steps / s | minutes |",
          "|---|---|---|---|---|---|"]
 for kind, (_, r) in zip(MODELS, runs.iterrows()):

@@ -6,6 +6,7 @@ NaN): docs/running.md."""
 import contextlib
 import functools
 import json
+import math
 import os
 import signal
 import statistics
@@ -242,7 +243,7 @@ def train(config, workdir: str, experiment: Experiment,
       state = strategy.put_state(state)
 
       # ---- Loop -----------------------------------------------------------------------------
-      progress, rates, pending, plotted = Progress(train.num_steps, start), [], [], None
+      progress, rates, pending, plotted = Progress(train.num_steps, start), [], [], -math.inf
       agreement = StopAgreement()
       with (_closing(checkpoints, progress, writer), _stop_signals() as stop,
             Profiler(train.profile_steps, workdir) as profiler):
@@ -274,8 +275,8 @@ def train(config, workdir: str, experiment: Experiment,
             if step % train.eval_every == 0 or step == train.num_steps:
               writer.write(step, evaluate_batches(steps.eval, strategy, state.params,
                                                     workload.eval_data))
-              if jax.process_index() == 0 and (step == train.num_steps or plotted is None
-                                               or time.perf_counter() - plotted >= PLOT_SECONDS):
+              if jax.process_index() == 0 and (step == train.num_steps or
+                                               time.perf_counter() - plotted >= PLOT_SECONDS):
                 plot_curves(writer.history, os.path.join(workdir, LOSS_PLOT))   # 0.1-0.3 s
                 plotted = time.perf_counter()
             if step % train.checkpoint_every == 0 or step == train.num_steps or stopping:
