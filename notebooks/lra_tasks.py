@@ -33,8 +33,8 @@
 #
 # We train every attention and the LRU / S5 blocks on the `cpu` preset of Pathfinder (the
 # `--sweep` of `experiments/lra.py:task=pathfinder,preset=cpu`; a sweep already run into
-# `runs/pathfinder_cpu` is read back instead of retrained) beside LRA's Table 1. The suite's long tier runs the
-# quick mode: tiny models and data, so its accuracies mean nothing.
+# `runs/pathfinder_cpu` is read back instead of retrained) beside LRA's Table 1. The suite's
+# long tier runs the quick mode: tiny models and data, so its accuracies mean nothing.
 
 # %%
 # @title Install the repository
@@ -116,20 +116,31 @@ display(Image(figure_png(fig)))
 # ## Train every attention and the linear recurrences on Pathfinder
 # `colab.sweep` (`run_sweep`) trains each point of `experiment.get_sweep()` (one per
 # `model.attention`, then one per recurrent `model.kind`) into its own directory, skipping
-# finished ones, and returns each point's final metrics. The first run generates the images
-# (`data.examples` of them, once, in LRA's release layout under `data/`).
+# finished ones; `research.predict.compare_runs` reads them back, one row a point with its
+# final metrics and where it ran, and warns when the rows mix commits or ran side by side.
+# The first run generates the images (`data.examples` of them, once, in LRA's release layout
+# under `data/`). The committed outputs read a sweep put together from the points recorded in
+# `results/pathfinder_cpu/` (finished points are read back, not trained again; no checkpoints
+# are recorded), with the two runs restored below (full attention, LRU) trained into it: the
+# rows come from two commits of the same model and data code (the warnings).
 
 # %%
+from research.predict import compare_runs
+
 points = ([{"model.attention": "full"}, {"model.kind": "lru"}] if QUICK
           else experiment.get_sweep())                       # CI: full attention and LRU
-rows = colab.sweep(config, points, workdir)
-names = [row.get("model.kind", row.get("model.attention")) for row in rows]   # lru, s5: kinds
+colab.sweep(config, points, workdir)
+rows = compare_runs(workdir)
+names = [point.get("model.kind", point.get("model.attention")) for point in points]
+display(rows.groupby("provenance/commit", sort=False, dropna=False).size().rename("points")
+        .to_frame())
 
 # %% [markdown]
 # ## Accuracy and speed beside LRA's Table 1
-# Test accuracy on the held-out tenth of the images; steps/s is the median training rate.
-# LRA's column is its Table 1 (Pathfinder 32 × 32, the hardest set, LRA's own recipe); LRU's
-# and S5's are their papers' (deeper models trained far longer): neither was measured here.
+# Test accuracy on the held-out tenth of the images; steps/s is the median training rate
+# (two runs side by side on the machine's two cores, one core each). LRA's column is its
+# Table 1 (Pathfinder 32 × 32, the hardest set, LRA's own recipe); LRU's and S5's are their
+# papers' (deeper models trained far longer): neither was measured here.
 
 # %%
 def published(name: str) -> str:
@@ -140,11 +151,10 @@ def published(name: str) -> str:
 header = ["attention or block", "test accuracy", "published (LRA's setting)", "steps/s",
           "minutes"]
 lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-for name, row in zip(names, rows):
+for name, (_, row) in zip(names, rows.iterrows()):
   lines.append(f"| {name} | {row['test/accuracy']:.2%} | {published(name)} | "
-               f"{row['perf/steps_per_second']:.2f} | "
-               f"{row.get('perf/wall_seconds', float('nan')) / 60:.1f} |")
-accuracy = dict(zip(names, (row["test/accuracy"] for row in rows)))
+               f"{row['perf/steps_per_second']:.2f} | {row['perf/wall_seconds'] / 60:.1f} |")
+accuracy = dict(zip(names, rows["test/accuracy"]))
 recurrent = max(accuracy.get(kind, 0.0) for kind in ("lru", "s5"))
 attention = max(a for name, a in accuracy.items() if name not in ("lru", "s5"))
 margin = 100 * (recurrent - attention)
@@ -195,50 +205,39 @@ display(Markdown("\n".join(lines)))
 # %% [markdown]
 # ## Restore a run and ask it something new
 # `research.training.restore` loads a run back from its directory (config, model, the
-# parameters of its last checkpoint). We draw fresh images under another seed than the
-# run's, at each difficulty, and ask the model: trained on the easiest set, does it follow
-# longer paths?
+# parameters of its last checkpoint) and `research.predict.classify_lra` answers new images.
+# We draw fresh ones under another seed than the run's, at each difficulty, and ask full
+# attention and the LRU: trained on the easiest set, do they follow longer paths?
 
 # %%
-import jax
-
-from research import training
-
-
-def predict(apply, images: np.ndarray, batch: int = 100) -> np.ndarray:
-  """A restored model's logits [N, 2] (`apply`: its jitted apply) for images [N, R, R], `batch`
-  images at a time (full attention's weights for 1 000 images at once would take 8 GiB)."""
-  tokens = images.reshape(len(images), -1)
-  return np.concatenate([np.asarray(apply(rows, np.full(len(rows), rows.shape[1], np.int32)))
-                         for rows in np.split(tokens, range(batch, len(tokens), batch))])
-
+from research import predict, training
 
 lines = ["| run | easy | intermediate | hard |", "|---|---|---|---|"]
 probe = 32 if QUICK else 500
-probed = list(zip(names, points))[-1:] if QUICK else zip(names, points)   # CI: the last run
-for name, point in probed:
-  restored = training.restore(os.path.join(workdir, point_name(point)))
-  apply = jax.jit(restored.apply)             # compiled once per run, for every difficulty
+restored = ("lru",) if QUICK else ("full", "lru")          # CI: the LRU's run alone
+for name, point in zip(names, points):
+  if name not in restored:
+    continue
+  run = training.restore(os.path.join(workdir, point_name(point)))
   scores, drawn = [], {}
   for difficulty in pathfinder.DIFFICULTIES:
-    images, labels = pathfinder.generate(seed=restored.config.data.seed + 1, count=probe,
+    images, labels = pathfinder.generate(seed=run.config.data.seed + 1, count=probe,
                                          resolution=32, difficulty=difficulty)
-    logits = predict(apply, images)
-    drawn[difficulty] = images, labels, logits
-    scores.append(float(np.mean(np.argmax(logits, -1) == labels)))
+    answers = predict.classify_lra(run, images, attention=False)
+    drawn[difficulty] = images, labels, answers.probabilities
+    scores.append(float(np.mean(answers.labels == labels)))
+  probed = name
   lines.append(f"| {name} | " + " | ".join(f"{s:.1%}" for s in scores) + " |")
 display(Markdown("\n".join(lines)))
 
 # %%
-images, labels, logits = (part[:8] for part in drawn["easy"])   # the last run's easy probe
-probabilities = np.exp(logits - logits.max(-1, keepdims=True))
-probabilities /= probabilities.sum(-1, keepdims=True)
+images, labels, probabilities = (part[:8] for part in drawn["easy"])   # the last run probed
 fig, axes = plt.subplots(1, 8, figsize=(12, 2))
 for ax, image, label, p in zip(axes, images, labels, probabilities[:, 1]):
   ax.imshow(image, cmap="gray", vmin=0, vmax=255)
   ax.set_xticks([])
   ax.set_yticks([])
   ax.set_title(f"{'joined' if label else 'apart'}\np(joined) {p:.2f}", fontsize=8)
-fig.suptitle(f"{name}: fresh easy images", fontsize=9)
+fig.suptitle(f"{probed}: fresh easy images", fontsize=9)
 fig.tight_layout()
 display(Image(figure_png(fig)))
