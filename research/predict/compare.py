@@ -58,7 +58,7 @@ def compare_runs(paths) -> "pandas.DataFrame":  # noqa: F821
     eval/loss, …, diverged   final_metrics.json (NaN where a run has none)
     provenance/commit, …     the last start's provenance.jsonl: commit, changes, platform,
                              device kind and count, processes, versions, host, cores,
-                             side_by_side (runs of a sweep's workers on the machine at once)
+                             side_by_side (runs on the machine at once: a sweep's workers)
 
   A sweep's points come in its sweep.json's order (a root without one, as results/ keeps
   them: its subdirectories holding a config.json, by name). A run listed twice is one row.
@@ -223,8 +223,7 @@ def _warn_if_mixed(workdirs: list[str], configs: list, records: list[list[dict]]
   shared = _row_counts(started, _side_by_side)
   if shared:
     _warn(f"{sum(shared.values())} of {len(started)} rows shared their machine with other runs "
-          f"of a sweep's workers ({_counted(shared)}): their perf/* figures are not those of a "
-          "run alone")
+          f"({_counted(shared)}): their perf/* figures are not those of a run alone")
   mixed = []
   for name in VERSIONS:
     counts = _row_counts(started, functools.partial(_version, name=name))

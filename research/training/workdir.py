@@ -339,15 +339,16 @@ def running_devices() -> dict:
           "count": jax.device_count(), "processes": jax.process_count()}
 
 
-# Set by a sweep's workers (research/training/sweep_workers.py) to their number: the runs that
-# shared the machine with this one, whose timings (perf/*) are not those of a run alone
+# Set by a sweep's workers (research/training/sweep_workers.py) to their number, or by hand
+# for runs started side by side: the runs that shared the machine with this one, whose
+# timings (perf/*) are not those of a run alone
 SIDE_BY_SIDE = "RESEARCH_RUNS_SIDE_BY_SIDE"
 
 
 def running_host() -> dict:
   """The machine: its name, the cores this process may run on (its affinity) of the cpus it
-  has, and how many runs of a sweep's workers ran side by side on it (1: alone, as far as we
-  know; a job outside the sweep sharing the cores is not seen)."""
+  has, and how many runs ran side by side on it (SIDE_BY_SIDE: a sweep's workers set it; 1:
+  alone, as far as we know, a job started without it on the same cores is not seen)."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return {"name": platform.node(), "cores": cores, "cpus": os.cpu_count(),
           "side_by_side": int(os.environ.get(SIDE_BY_SIDE, "1"))}

@@ -236,8 +236,8 @@ def other(**groups) -> dict:
      "the rows mix machines: vm-1 (2 of 2 cores) (1 row), vm-2 (2 of 2 cores) (1 row), "
      "vm-1 (1 of 2 cores) (1 row)"),
     ([[RECORD], [other(host={"side_by_side": 2})], [RECORD, other(host={"side_by_side": 2})]],
-     "2 of 3 rows shared their machine with other runs of a sweep's workers (2 side by side "
-     "(2 rows)): their perf/* figures are not those of a run alone"),
+     "2 of 3 rows shared their machine with other runs (2 side by side (2 rows)): their "
+     "perf/* figures are not those of a run alone"),
     ([[RECORD], []], "1 of 2 rows record no provenance (provenance.jsonl; "),
 ])
 def test_rows_that_mix_commits_devices_or_versions_warn_in_one_line(tmp_path, records, message):
