@@ -18,6 +18,10 @@ persistent compilation cache is off, so both compile every point. `--sizes` pick
           Python's dispatch of it. The serial sweep keeps 1.54 cores busy alone (Python
           dispatches a step while XLA runs the last), which leaves workers less than half
           a core to win: 0.76× (99.6 s against 130.4 s, one repeat).
+  long    width 32, batch 32, T = 400, 2 000 steps: a step of about 10 ms, one long scan of
+          small operations. The serial sweep still keeps 1.25 cores busy; 0.611× (54.0 s
+          against 88.3 s, medians of 3 repeats whose ratios ran 0.565 to 0.792), the same
+          final metrics.
 
 Each worker's XLA pool has as many threads as the serial sweep's (on its one core), so that
 its long reductions split as the serial sweep's do and every point ends with the serial
@@ -61,6 +65,8 @@ SIZES = {  # --sizes: the overrides of the config's keys (module docstring)
     "config": {},
     "small": {"data.length": 12, "data.eval_examples": 64, "model.hidden_size": 16,
               "train.batch_size": 16, "train.log_every": 100, "train.num_steps": 100_000},
+    "long": {"data.length": 400, "data.eval_examples": 64, "model.hidden_size": 32,
+             "train.batch_size": 32, "train.log_every": 100},
 }
 RATES = (0.01, 0.003, 0.001, 0.0003)
 
