@@ -65,9 +65,11 @@ def _readout(w: Weights, o: Array, r: Array, eps: float, dtype) -> Array:
 
 def _recur(state: Array, q: Array, k: Array, v: Array, log_alpha: Array) -> tuple[Array, Array]:
   """One step: S = diag(α) S + kᵀ v, o = (q d_k^{−1/2}) S. state [..., M, d_k, d_v]; q, k,
-  log α [..., M, d_k]; v [..., M, d_v] -> (S, o [..., M, d_v])."""
+  log α [..., M, d_k]; v [..., M, d_v] -> (S, o [..., M, d_v]). o as a product and a sum
+  over d_k, which XLA fuses with the step (as an einsum, a matrix-vector call of its own each
+  step, the stepwise layer took 12.5 against 11.0 ms at T = 4 096 on a CPU)."""
   state = jnp.exp(log_alpha)[..., None] * state + k[..., :, None] * v[..., None, :]
-  return state, jnp.einsum("...mk,...mkv->...mv", q * q.shape[-1] ** -0.5, state)
+  return state, jnp.sum((q * q.shape[-1] ** -0.5)[..., None] * state, -2)
 
 
 def _chunks(x: Array, size: int) -> Array:
