@@ -215,9 +215,7 @@ from research import predict, training
 lines = ["| run | easy | intermediate | hard |", "|---|---|---|---|"]
 probe = 32 if QUICK else 500
 restored = ("lru",) if QUICK else ("full", "lru")          # CI: the LRU's run alone
-for name, point in zip(names, points):
-  if name not in restored:
-    continue
+for name, point in ((n, p) for n, p in zip(names, points) if n in restored):
   run = training.restore(os.path.join(workdir, point_name(point)))
   scores, drawn = [], {}
   for difficulty in pathfinder.DIFFICULTIES:
@@ -226,7 +224,6 @@ for name, point in zip(names, points):
     answers = predict.classify_lra(run, images, attention=False)
     drawn[difficulty] = images, labels, answers.probabilities
     scores.append(float(np.mean(answers.labels == labels)))
-  probed = name
   lines.append(f"| {name} | " + " | ".join(f"{s:.1%}" for s in scores) + " |")
 display(Markdown("\n".join(lines)))
 
@@ -238,6 +235,6 @@ for ax, image, label, p in zip(axes, images, labels, probabilities[:, 1]):
   ax.set_xticks([])
   ax.set_yticks([])
   ax.set_title(f"{'joined' if label else 'apart'}\np(joined) {p:.2f}", fontsize=8)
-fig.suptitle(f"{probed}: fresh easy images", fontsize=9)
+fig.suptitle(f"{restored[-1]}: fresh easy images", fontsize=9)
 fig.tight_layout()
 display(Image(figure_png(fig)))
