@@ -38,19 +38,20 @@ def xavier(in_axis, out_axis) -> nn.initializers.Initializer:
                                           out_axis=out_axis)
 
 
-def _dot(spec: str, x: Array, w: Array, dtype) -> Array:
-  """einsum in `dtype` with float32 accumulation."""
-  return jnp.einsum(spec, x.astype(dtype), w.astype(dtype), preferred_element_type=F32)
+def _dot(x: Array, w: Array, dtype) -> Array:
+  """x [..., F] contracted with w [F, ...] -> [..., ...], in `dtype` with float32
+  accumulation, as one [·, F] × [F, ·] matrix product (as an einsum with w [F, M, d_k], the
+  parallel layer's forward + backward took 8% longer on a CPU, at x [1, 4 096, 32] and
+  [8, 512, 32])."""
+  rows, cols = x.reshape(-1, w.shape[0]), w.reshape(w.shape[0], -1)
+  flat = jnp.dot(rows.astype(dtype), cols.astype(dtype), preferred_element_type=F32)
+  return flat.reshape(x.shape[:-1] + w.shape[1:])
 
 
 def _project(w: Weights, x: Array, temperature: float, dtype):
   """q, k, log α [..., M, d_k]; v, r [..., M, d_v]; float32, for x [..., F]."""
-  q = _dot("...f,fmk->...mk", x, w.w_q, dtype)
-  k = _dot("...f,fmk->...mk", x, w.w_k, dtype)
-  v = _dot("...f,fmv->...mv", x, w.w_v, dtype)
-  r = _dot("...f,fmv->...mv", x, w.w_r, dtype)
-  low = _dot("...f,fr->...r", x, w.w_gate_down, dtype)
-  logit = _dot("...r,rmk->...mk", low, w.w_gate_up, dtype) + w.b_gate.astype(F32)
+  q, k, v, r = (_dot(x, w_in, dtype) for w_in in (w.w_q, w.w_k, w.w_v, w.w_r))
+  logit = _dot(_dot(x, w.w_gate_down, dtype), w.w_gate_up, dtype) + w.b_gate.astype(F32)
   return q, k, v, jax.nn.log_sigmoid(logit) / temperature, r
 
 
@@ -60,7 +61,8 @@ def _readout(w: Weights, o: Array, r: Array, eps: float, dtype) -> Array:
   # γ applied to W_o's rows, (n ⊙ γ) W_o = n (diag(γ) W_o): γ's gradient is then a sum over
   # [M, d_v, F] instead of a reduction over every step
   w_o = w.norm_scale.astype(F32)[:, None] * w.w_o.astype(F32)
-  return _dot("...mv,mvf->...f", normed * jax.nn.silu(r), w_o, dtype)
+  gated = normed * jax.nn.silu(r)
+  return _dot(gated.reshape(gated.shape[:-2] + (-1,)), w_o.reshape(-1, w_o.shape[-1]), dtype)
 
 
 def _recur(state: Array, q: Array, k: Array, v: Array, log_alpha: Array) -> tuple[Array, Array]:
