@@ -110,13 +110,14 @@ from research.predict import compare_runs
 
 colab.sweep(config, points, workdir)
 rows = compare_runs(workdir)
-display(rows.groupby("provenance/commit", sort=False).size().rename("points").to_frame())
+display(rows.groupby("provenance/commit", sort=False, dropna=False).size().rename("points")
+        .to_frame())
 best = {}
 for point, (_, row) in zip(points, rows.iterrows()):
   key = (model_of(point), point["model.hidden_size"], point["data.length"],
          point["data.num_pairs"])
-  accuracy = row.get("eval/accuracy", -1.0)                      # -1: the point diverged
-  accuracy = -1.0 if accuracy != accuracy else accuracy          # NaN: no eval (diverged)
+  accuracy = row.get("eval/accuracy", -1.0)
+  accuracy = -1.0 if accuracy != accuracy else accuracy   # NaN, no eval: the point diverged
   if key not in best or accuracy > best[key]["eval/accuracy"]:
     best[key] = {**row, "eval/accuracy": accuracy, "rate": point["train.learning_rate"]}
 
